@@ -1,0 +1,179 @@
+"""Settings for the LMSP service.
+
+Everything an operator changes comes from environment variables; the defaults
+give a working single-machine service (SQLite file under ``data/``, Redis on
+localhost, models under ``models/``).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+
+def _env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"{name} must be an integer, got {raw!r}") from exc
+
+
+def _env_bool(name: str, default: bool) -> bool:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    return raw.strip().lower() in {"1", "true", "yes", "on"}
+
+
+def _env_path(name: str, default: Path) -> Path:
+    raw = os.environ.get(name)
+    path = Path(raw) if raw else default
+    return path if path.is_absolute() else (BASE_DIR / path)
+
+
+DEBUG = _env_bool("LMSP_DEBUG", False)
+SECRET_KEY = os.environ.get("LMSP_SECRET_KEY") or os.environ.get("DJANGO_SECRET_KEY")
+if not SECRET_KEY:
+    if not DEBUG and os.environ.get("LMSP_REQUIRE_SECRET_KEY"):
+        raise ImproperlyConfigured("LMSP_SECRET_KEY must be set")
+    # A local single-user service still needs a stable key for admin sessions;
+    # deployments set LMSP_SECRET_KEY (docker-compose does).
+    SECRET_KEY = "lmsp-insecure-local-key-set-LMSP_SECRET_KEY-in-production"
+
+ALLOWED_HOSTS = [h.strip() for h in os.environ.get("LMSP_ALLOWED_HOSTS", "*").split(",") if h.strip()]
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "tasks_app",
+]
+
+MIDDLEWARE = [
+    # First, so oversized bodies are refused before anything reads them.
+    "tasks_app.middleware.RequestSizeLimitMiddleware",
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "lmsp_project.urls"
+APPEND_SLASH = False
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+WSGI_APPLICATION = "lmsp_project.wsgi.application"
+ASGI_APPLICATION = "lmsp_project.asgi.application"
+
+# --- Database -------------------------------------------------------------
+DATA_DIR = _env_path("LMSP_DATA_DIR", BASE_DIR / "data")
+DEFAULT_SQLITE_PATH = DATA_DIR / "lmsp.sqlite3"
+DATABASE_URL = os.environ.get("DATABASE_URL") or f"sqlite:///{DEFAULT_SQLITE_PATH}"
+SQLITE_BUSY_TIMEOUT_SECONDS = _env_int("LMSP_SQLITE_BUSY_TIMEOUT_SECONDS", 30)
+
+_db = dj_database_url.parse(DATABASE_URL, conn_max_age=_env_int("LMSP_DB_CONN_MAX_AGE", 60))
+if _db["ENGINE"] == "django.db.backends.sqlite3":
+    sqlite_path = Path(_db["NAME"])
+    if str(sqlite_path) != ":memory:":
+        sqlite_path.parent.mkdir(parents=True, exist_ok=True)
+    _db["OPTIONS"] = {
+        # IMMEDIATE takes the write lock at BEGIN, so a read-then-write
+        # transaction waits for the lock instead of failing with
+        # "database is locked" when it upgrades (see shared/notes).
+        "transaction_mode": "IMMEDIATE",
+        "timeout": SQLITE_BUSY_TIMEOUT_SECONDS,
+        "init_command": (
+            "PRAGMA journal_mode=WAL;"
+            "PRAGMA synchronous=NORMAL;"
+            f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_SECONDS * 1000};"
+        ),
+    }
+    # Tests need a real file (other processes open it), never ":memory:".
+    _db["TEST"] = {"NAME": os.environ.get("LMSP_TEST_SQLITE_PATH") or str(DATA_DIR / "test_lmsp.sqlite3")}
+    # Health checks only cost time on SQLite; the file does not go away.
+    _db["CONN_HEALTH_CHECKS"] = False
+else:
+    _db["CONN_HEALTH_CHECKS"] = True
+DATABASES = {"default": _db}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# --- Internationalisation ---------------------------------------------------
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = DATA_DIR / "static"
+
+# --- REST framework -------------------------------------------------------
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": ["tasks_app.auth.BearerTokenAuthentication"],
+    "DEFAULT_PERMISSION_CLASSES": ["tasks_app.auth.HasRequiredScopes"],
+    "DEFAULT_PARSER_CLASSES": ["tasks_app.api.parsers.StrictJSONParser"],
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "DEFAULT_CONTENT_NEGOTIATION_CLASS": "tasks_app.api.negotiation.JSONOnlyNegotiation",
+    "EXCEPTION_HANDLER": "tasks_app.api.problems.exception_handler",
+    "UNAUTHENTICATED_USER": None,
+    "UNAUTHENTICATED_TOKEN": None,
+    "DEFAULT_THROTTLE_RATES": {"pair": os.environ.get("LMSP_PAIR_RATE", "10/min")},
+}
+
+# --- LMSP -----------------------------------------------------------------
+REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+LMSP_MODELS_DIR = _env_path("LMSP_MODELS_DIR", BASE_DIR / "models")
+LMSP_EVENT_RETENTION_SECONDS = _env_int("LMSP_EVENT_RETENTION_SECONDS", 7 * 24 * 3600)
+LMSP_TASK_RETENTION_SECONDS = _env_int("LMSP_TASK_RETENTION_SECONDS", 30 * 24 * 3600)
+LMSP_IDEMPOTENCY_TTL_SECONDS = _env_int("LMSP_IDEMPOTENCY_TTL_SECONDS", 24 * 3600)
+LMSP_PAIRING_CODE_TTL_SECONDS = _env_int("LMSP_PAIRING_CODE_TTL_SECONDS", 600)
+# Largest request body accepted on the API, in bytes; larger -> 413.
+LMSP_MAX_REQUEST_BYTES = _env_int("LMSP_MAX_REQUEST_BYTES", 1024 * 1024)
+# Tasks allowed to wait in `queued` at once; more -> 429 queue_full.
+LMSP_MAX_QUEUED_TASKS = _env_int("LMSP_MAX_QUEUED_TASKS", 10_000)
+LMSP_QUEUE_FULL_RETRY_AFTER_SECONDS = _env_int("LMSP_QUEUE_FULL_RETRY_AFTER_SECONDS", 5)
+# The last-used time of a client is written at most this often, so that
+# authenticated reads do not each cost a write on SQLite.
+LMSP_CLIENT_LAST_USED_RESOLUTION_SECONDS = _env_int("LMSP_CLIENT_LAST_USED_RESOLUTION_SECONDS", 60)
+# Whether the SSE endpoint exists; it is advertised as `event_resume`.
+LMSP_EVENT_RESUME = _env_bool("LMSP_EVENT_RESUME", False)
+
+# Django's own body limit (admin forms); the API limit is enforced above.
+DATA_UPLOAD_MAX_MEMORY_SIZE = LMSP_MAX_REQUEST_BYTES
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": os.environ.get("LMSP_LOG_LEVEL", "INFO")},
+    "loggers": {"django.db.backends": {"level": "INFO"}},
+}

@@ -1,0 +1,12 @@
+from django.contrib import admin
+from django.urls import include, path
+
+urlpatterns = [
+    path("lmsp/v1/", include("tasks_app.api.urls")),
+    path("admin/", admin.site.urls),
+]
+
+handler400 = "tasks_app.api.problems.handler400"
+handler403 = "tasks_app.api.problems.handler403"
+handler404 = "tasks_app.api.problems.handler404"
+handler500 = "tasks_app.api.problems.handler500"

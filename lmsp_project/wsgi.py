@@ -1,0 +1,9 @@
+"""WSGI entry point (management tools and WSGI servers)."""
+
+import os
+
+from django.core.wsgi import get_wsgi_application
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "lmsp_project.settings")
+
+application = get_wsgi_application()

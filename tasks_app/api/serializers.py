@@ -1,0 +1,277 @@
+"""Input and output serializers of the API.
+
+Input serializers check shape and JSON types strictly (``"5"`` is not an
+integer, ``1`` is not a boolean) and refuse unknown fields by name; they hold
+no business rules. Output serializers only render the wire objects.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from rest_framework import serializers
+
+from tasks_app.ids import TASK_PREFIX, is_prefixed_ulid
+from tasks_app.models import RestartPolicy, TaskStatus, TaskType
+from tasks_app.objects import response_object, task_object
+
+MAX_STOP_SEQUENCES = 4
+MAX_METADATA_PAIRS = 16
+MAX_METADATA_KEY = 64
+MAX_METADATA_VALUE = 512
+MAX_SEED = 2**64 - 1
+ROLES = ("user", "system", "developer", "assistant")
+TEXT_PART_TYPES = ("input_text", "output_text")
+
+
+class StrictSerializer(serializers.Serializer):
+    """Refuses fields it does not declare, naming each one."""
+
+    def to_internal_value(self, data: Any) -> Any:
+        unknown = sorted(set(data) - set(self.fields)) if isinstance(data, Mapping) else []
+        errors: dict[str, Any] = {name: ["unknown field"] for name in unknown}
+        try:
+            value = super().to_internal_value(data)
+        except serializers.ValidationError as error:
+            if not isinstance(error.detail, Mapping):
+                raise
+            errors.update(error.detail)
+        if errors:
+            raise serializers.ValidationError(errors)
+        return value
+
+
+class StrictCharField(serializers.CharField):
+    def to_internal_value(self, data: Any) -> str:
+        if not isinstance(data, str):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
+class StrictIntegerField(serializers.IntegerField):
+    default_error_messages = {"invalid": "A JSON integer is required."}
+
+    def to_internal_value(self, data: Any) -> int:
+        if isinstance(data, bool) or not isinstance(data, int):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
+class StrictFloatField(serializers.FloatField):
+    default_error_messages = {"invalid": "A JSON number is required."}
+
+    def to_internal_value(self, data: Any) -> float:
+        if isinstance(data, bool) or not isinstance(data, (int, float)):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
+class StrictBooleanField(serializers.BooleanField):
+    default_error_messages = {"invalid": "A JSON boolean is required."}
+
+    def to_internal_value(self, data: Any) -> bool:
+        if not isinstance(data, bool):
+            self.fail("invalid")
+        return data
+
+
+class StrictChoiceField(serializers.ChoiceField):
+    def to_internal_value(self, data: Any) -> Any:
+        if not isinstance(data, str):
+            self.fail("invalid_choice", input=data)
+        return super().to_internal_value(data)
+
+
+class TextPartSerializer(StrictSerializer):
+    type = StrictChoiceField(choices=TEXT_PART_TYPES)
+    text = StrictCharField(allow_blank=True, trim_whitespace=False)
+
+
+class MessageContentField(serializers.Field):
+    """``content``: a string, or a non-empty list of text parts."""
+
+    def to_internal_value(self, data: Any) -> str | list[dict[str, str]]:
+        if isinstance(data, str):
+            return data
+        if not isinstance(data, list) or not data:
+            raise serializers.ValidationError("must be a string or a non-empty list of text parts")
+        parts, errors, failed = [], [], False
+        for item in data:
+            part = TextPartSerializer(data=item)
+            if part.is_valid():
+                parts.append(dict(part.validated_data))
+                errors.append({})
+            else:
+                failed = True
+                errors.append(part.errors)
+        if failed:
+            raise serializers.ValidationError(errors)
+        return parts
+
+    def to_representation(self, value: Any) -> Any:
+        return value
+
+
+class MessageItemSerializer(StrictSerializer):
+    type = StrictChoiceField(choices=("message",), required=False, default="message")
+    role = StrictChoiceField(choices=ROLES)
+    content = MessageContentField()
+
+
+class ResponseInputField(serializers.Field):
+    """``input``: a string, or a non-empty list of message items."""
+
+    def to_internal_value(self, data: Any) -> str | list[dict[str, Any]]:
+        if isinstance(data, str):
+            return data
+        if not isinstance(data, list) or not data:
+            raise serializers.ValidationError("must be a string or a non-empty list of message items")
+        items, errors, failed = [], [], False
+        for item in data:
+            message = MessageItemSerializer(data=item)
+            if message.is_valid():
+                items.append(dict(message.validated_data))
+                errors.append({})
+            else:
+                failed = True
+                errors.append(message.errors)
+        if failed:
+            raise serializers.ValidationError(errors)
+        return items
+
+    def to_representation(self, value: Any) -> Any:
+        return value
+
+
+class StopField(serializers.Field):
+    def to_internal_value(self, data: Any) -> list[str]:
+        values = [data] if isinstance(data, str) else data
+        if (
+            not isinstance(values, list)
+            or not 1 <= len(values) <= MAX_STOP_SEQUENCES
+            or not all(isinstance(v, str) and v for v in values)
+        ):
+            raise serializers.ValidationError(
+                f"must be a non-empty string or a list of 1-{MAX_STOP_SEQUENCES} non-empty strings"
+            )
+        return list(values)
+
+    def to_representation(self, value: Any) -> Any:
+        return value
+
+
+class MetadataField(serializers.Field):
+    def to_internal_value(self, data: Any) -> dict[str, str]:
+        if not isinstance(data, dict) or len(data) > MAX_METADATA_PAIRS:
+            raise serializers.ValidationError(f"must be an object of at most {MAX_METADATA_PAIRS} string pairs")
+        for key, value in data.items():
+            if not isinstance(value, str) or len(key) > MAX_METADATA_KEY or len(value) > MAX_METADATA_VALUE:
+                raise serializers.ValidationError(
+                    f"keys are at most {MAX_METADATA_KEY} characters, values strings of at most {MAX_METADATA_VALUE}"
+                )
+        return dict(data)
+
+    def to_representation(self, value: Any) -> Any:
+        return value
+
+
+class ResponseRequestSerializer(StrictSerializer):
+    """The response request of PROFILE.md section 3."""
+
+    model = StrictCharField(max_length=200)
+    input = ResponseInputField()
+    instructions = StrictCharField(required=False, allow_null=True, allow_blank=True, trim_whitespace=False)
+    max_output_tokens = StrictIntegerField(required=False, allow_null=True, min_value=1, max_value=1_000_000)
+    temperature = StrictFloatField(required=False, allow_null=True, min_value=0.0, max_value=2.0)
+    top_p = StrictFloatField(required=False, allow_null=True, min_value=0.0, max_value=1.0)
+    seed = StrictIntegerField(required=False, allow_null=True, min_value=0, max_value=MAX_SEED)
+    stop = StopField(required=False, allow_null=True)
+    stream = StrictBooleanField(required=False, default=False)
+    store = StrictBooleanField(required=False, default=True)
+    metadata = MetadataField(required=False, allow_null=True)
+
+    def validate_top_p(self, value: float | None) -> float | None:
+        if value is not None and value <= 0.0:
+            raise serializers.ValidationError("must be greater than 0")
+        return value
+
+
+class TaskCreateInputSerializer(StrictSerializer):
+    """The task envelope of chapter 7.1."""
+
+    type = StrictChoiceField(choices=TaskType.values)
+    input = ResponseRequestSerializer()
+    on_restart = StrictChoiceField(choices=RestartPolicy.values, required=False, default=RestartPolicy.FAIL)
+
+
+class ListQuerySerializer(StrictSerializer):
+    """``?limit=&after=`` of every list endpoint (query strings are text)."""
+
+    limit = serializers.IntegerField(required=False, default=20, min_value=1, max_value=100)
+    after = serializers.CharField(required=False, max_length=200)
+
+
+class TaskListQuerySerializer(ListQuerySerializer):
+    status = serializers.CharField(required=False)
+
+    def validate_after(self, value: str) -> str:
+        if not is_prefixed_ulid(value, TASK_PREFIX):
+            raise serializers.ValidationError("must be a task id")
+        return value
+
+    def validate_status(self, value: str) -> list[str]:
+        statuses = [item.strip() for item in value.split(",") if item.strip()]
+        unknown = [s for s in statuses if s not in TaskStatus.values]
+        if not statuses or unknown:
+            raise serializers.ValidationError(f"must be one or more of {', '.join(TaskStatus.values)}")
+        return statuses
+
+
+class PairInputSerializer(StrictSerializer):
+    code = StrictCharField(max_length=32)
+    client_name = StrictCharField(max_length=100)
+
+
+class TaskOutputSerializer(serializers.BaseSerializer):
+    def to_representation(self, instance: Any) -> dict[str, Any]:
+        return task_object(instance)
+
+
+class ResponseOutputSerializer(serializers.BaseSerializer):
+    def to_representation(self, instance: Any) -> dict[str, Any]:
+        return response_object(instance)
+
+
+class ModelOutputSerializer(serializers.BaseSerializer):
+    def to_representation(self, instance: Any) -> dict[str, Any]:
+        return {
+            "id": instance.name,
+            "object": "model",
+            "created": int(instance.created_at.timestamp()),
+            "owned_by": "local",
+            "backend": instance.backend,
+            "digest": instance.digest,
+            "size_bytes": instance.size_bytes,
+            "capabilities": instance.capabilities,
+            "context_length": instance.config.get("max_position_embeddings"),
+        }
+
+
+class ClientOutputSerializer(serializers.BaseSerializer):
+    """The reply of ``POST /pair``: the only time the token is shown."""
+
+    def to_representation(self, instance: Any) -> dict[str, Any]:
+        client, token = instance
+        return {"object": "client", "name": client.name, "scopes": client.scopes, "token": token}
+
+
+def list_body(items: list[dict[str, Any]], has_more: bool) -> dict[str, Any]:
+    """The list envelope of PROFILE.md section 7."""
+    return {
+        "object": "list",
+        "data": items,
+        "first_id": items[0]["id"] if items else None,
+        "last_id": items[-1]["id"] if items else None,
+        "has_more": has_more,
+    }

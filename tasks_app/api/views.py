@@ -1,0 +1,137 @@
+"""Thin API views: parse, call one service or selector, render."""
+
+from __future__ import annotations
+
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.throttling import AnonRateThrottle
+from rest_framework.views import APIView
+
+from tasks_app import selectors
+from tasks_app.api.serializers import (
+    ClientOutputSerializer,
+    ListQuerySerializer,
+    ModelOutputSerializer,
+    PairInputSerializer,
+    ResponseOutputSerializer,
+    TaskCreateInputSerializer,
+    TaskListQuerySerializer,
+    TaskOutputSerializer,
+    list_body,
+)
+from tasks_app.services.capabilities import capabilities_describe
+from tasks_app.services.clients import pairing_code_redeem
+from tasks_app.services.idempotency import idempotency_key_validate, request_digest
+from tasks_app.services.tasks import task_cancel, task_create
+
+READ = ("read",)
+WRITE = ("responses",)
+
+
+class ScopedAPIView(APIView):
+    """``required_scopes`` per HTTP method; ``None`` marks a public method."""
+
+    scopes_by_method: dict[str, tuple[str, ...] | None] = {}
+
+    @property
+    def required_scopes(self) -> tuple[str, ...] | None:
+        return self.scopes_by_method.get(self.request.method, ())
+
+
+def _validated(serializer_class, data):
+    serializer = serializer_class(data=data)
+    serializer.is_valid(raise_exception=True)
+    return serializer.validated_data
+
+
+class TaskCollectionView(ScopedAPIView):
+    scopes_by_method = {"GET": READ, "POST": WRITE}
+
+    def post(self, request: Request) -> Response:
+        key = idempotency_key_validate(request.headers.get("Idempotency-Key"))
+        data = _validated(TaskCreateInputSerializer, request.data)
+        reply = task_create(
+            client=request.user,
+            request=_plain(data["input"]),
+            on_restart=data["on_restart"],
+            idempotency_key=key,
+            request_hash=request_digest(request.data),
+        )
+        headers = dict(reply.headers)
+        if reply.replayed:
+            headers["Idempotent-Replayed"] = "true"
+        return Response(reply.body, status=reply.status, headers=headers)
+
+    def get(self, request: Request) -> Response:
+        query = _validated(TaskListQuerySerializer, request.query_params.dict())
+        page = selectors.task_list_visible(
+            client=request.user, statuses=query.get("status"), after=query.get("after"), limit=query["limit"]
+        )
+        items = TaskOutputSerializer(page.items, many=True).data
+        return Response(list_body(items, page.has_more))
+
+
+class TaskDetailView(ScopedAPIView):
+    scopes_by_method = {"GET": READ}
+
+    def get(self, request: Request, task_id: str) -> Response:
+        task = selectors.task_get_visible(client=request.user, task_id=task_id)
+        return Response(TaskOutputSerializer(task).data)
+
+
+class TaskCancelView(ScopedAPIView):
+    scopes_by_method = {"POST": WRITE}
+
+    def post(self, request: Request, task_id: str) -> Response:
+        task = selectors.task_get_visible(client=request.user, task_id=task_id)
+        task = task_cancel(task=task)
+        return Response(TaskOutputSerializer(task).data)
+
+
+class ResponseDetailView(ScopedAPIView):
+    scopes_by_method = {"GET": READ}
+
+    def get(self, request: Request, response_id: str) -> Response:
+        response = selectors.response_get_visible(client=request.user, response_id=response_id)
+        return Response(ResponseOutputSerializer(response).data)
+
+
+class CapabilitiesView(ScopedAPIView):
+    scopes_by_method = {"GET": None}
+    authentication_classes: list = []
+
+    def get(self, request: Request) -> Response:
+        return Response(capabilities_describe())
+
+
+class ModelListView(ScopedAPIView):
+    scopes_by_method = {"GET": READ}
+
+    def get(self, request: Request) -> Response:
+        query = _validated(ListQuerySerializer, request.query_params.dict())
+        page = selectors.model_list(after=query.get("after"), limit=query["limit"])
+        return Response(list_body(ModelOutputSerializer(page.items, many=True).data, page.has_more))
+
+
+class PairThrottle(AnonRateThrottle):
+    scope = "pair"
+
+
+class PairView(ScopedAPIView):
+    scopes_by_method = {"POST": None}
+    authentication_classes: list = []
+    throttle_classes = [PairThrottle]
+
+    def post(self, request: Request) -> Response:
+        data = _validated(PairInputSerializer, request.data)
+        client, token = pairing_code_redeem(code=data["code"], client_name=data["client_name"])
+        return Response(ClientOutputSerializer((client, token)).data, status=201)
+
+
+def _plain(value):
+    """Validated data as plain dicts and lists (DRF returns OrderedDicts), for JSON columns."""
+    if isinstance(value, dict):
+        return {key: _plain(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_plain(item) for item in value]
+    return value

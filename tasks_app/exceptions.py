@@ -1,0 +1,182 @@
+"""Every error the service raises on purpose.
+
+An ``LmspError`` carries its HTTP status and problem code (PROFILE.md section
+2); the API renders it as an RFC 9457 problem object. Other classes signal
+programming errors and are never shown to clients as such.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+PROBLEM_TYPE_BASE = "urn:lmsp:problem:"
+
+
+class LmspError(Exception):
+    """Raised when a request cannot be served; rendered as a problem object."""
+
+    status: int = 500
+    code: str = "internal_error"
+    title: str = "Internal server error"
+
+    def __init__(
+        self,
+        detail: str | None = None,
+        *,
+        errors: Sequence[Mapping[str, str]] | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        self.detail = detail or self.title
+        self.errors = list(errors) if errors else None
+        self.headers = dict(headers) if headers else {}
+        super().__init__(self.detail)
+
+    def to_problem(self, instance: str | None = None) -> dict[str, Any]:
+        """The RFC 9457 problem object; also what a failed task stores in ``error``."""
+        body: dict[str, Any] = {
+            "type": PROBLEM_TYPE_BASE + self.code,
+            "title": self.title,
+            "status": self.status,
+            "detail": self.detail,
+            "code": self.code,
+        }
+        if instance:
+            body["instance"] = instance
+        if self.errors:
+            body["errors"] = self.errors
+        return body
+
+
+class InvalidRequest(LmspError):
+    """Raised when a request is malformed or breaks a protocol rule."""
+
+    status, code, title = 400, "invalid_request", "Invalid request"
+
+
+class UnsupportedCapability(LmspError):
+    """Raised when a request asks for a capability the service or model lacks."""
+
+    status, code, title = 400, "unsupported_capability", "Unsupported capability"
+
+
+class ModelNotFound(LmspError):
+    """Raised when a request names a model that is not registered."""
+
+    status, code, title = 400, "model_not_found", "Model not found"
+
+
+class Unauthorized(LmspError):
+    """Raised when a request has no valid, unrevoked bearer token."""
+
+    status, code, title = 401, "unauthorized", "Unauthorized"
+
+
+class InsufficientScope(LmspError):
+    """Raised when the client's token lacks a scope the endpoint needs."""
+
+    status, code, title = 403, "insufficient_scope", "Insufficient scope"
+
+
+class NotFound(LmspError):
+    """Raised when no route or resource matches the request."""
+
+    status, code, title = 404, "not_found", "Not found"
+
+
+class TaskNotFound(NotFound):
+    """Raised when a task does not exist or belongs to another client."""
+
+    code, title = "task_not_found", "Task not found"
+
+
+class ResponseNotFound(NotFound):
+    """Raised when a response does not exist or belongs to another client."""
+
+    code, title = "response_not_found", "Response not found"
+
+
+class MethodNotAllowed(LmspError):
+    """Raised when a route exists but not for the request's method."""
+
+    status, code, title = 405, "method_not_allowed", "Method not allowed"
+
+
+class NotAcceptable(LmspError):
+    """Raised when the client accepts no representation the endpoint has."""
+
+    status, code, title = 406, "not_acceptable", "Not acceptable"
+
+
+class TaskNotCancelable(LmspError):
+    """Raised when a cancel reaches a task that already succeeded or failed."""
+
+    status, code, title = 409, "task_not_cancelable", "Task not cancelable"
+
+
+class IdempotencyKeyInUse(LmspError):
+    """Raised when an idempotency key's first request is still being served."""
+
+    status, code, title = 409, "idempotency_key_in_use", "Idempotency key in use"
+
+
+class EventHistoryExpired(LmspError):
+    """Raised when a stream cursor points before the retained events."""
+
+    status, code, title = 410, "event_history_expired", "Event history expired"
+
+
+class PayloadTooLarge(LmspError):
+    """Raised when a request body exceeds the configured limit."""
+
+    status, code, title = 413, "payload_too_large", "Payload too large"
+
+
+class UnsupportedMediaType(LmspError):
+    """Raised when a request body is not ``application/json``."""
+
+    status, code, title = 415, "unsupported_media_type", "Unsupported media type"
+
+
+class IdempotencyKeyReused(LmspError):
+    """Raised when an idempotency key comes back with a different body."""
+
+    status, code, title = 422, "idempotency_key_reused", "Idempotency key reused"
+
+
+class QueueFull(LmspError):
+    """Raised when too many tasks wait in ``queued`` to accept another."""
+
+    status, code, title = 429, "queue_full", "Queue full"
+
+
+class RateLimited(LmspError):
+    """Raised when a client calls a throttled endpoint too often."""
+
+    status, code, title = 429, "rate_limited", "Too many requests"
+
+
+class InternalError(LmspError):
+    """Raised when the service fails in a way the client cannot fix."""
+
+
+class ServerRestarted(LmspError):
+    """Raised when a task could not survive a restart under its ``fail`` policy."""
+
+    status, code, title = 500, "server_restarted", "Server restarted"
+
+
+class ModelLoadFailed(LmspError):
+    """Raised when a worker cannot load the model a task names."""
+
+    status, code, title = 500, "model_load_failed", "Model load failed"
+
+
+class BackendError(LmspError):
+    """Raised when the inference backend fails while generating."""
+
+    status, code, title = 500, "backend_error", "Backend error"
+
+
+class TransitionNotAllowed(Exception):
+    """Raised when code asks the lifecycle for a move its table forbids."""

@@ -1,0 +1,65 @@
+"""Prefixed ULID identifiers (`task_`, `resp_`, `msg_`).
+
+A ULID is 48 bits of milliseconds and 80 random bits in Crockford base32, so
+ids sort by creation time; ordering lists by id is ordering by age. Within one
+millisecond a process increments the random part so its own ids stay ordered.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+import time
+
+_ALPHABET = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
+_ULID_RE = re.compile(r"^[0-7][0-9A-HJKMNP-TV-Z]{25}$")
+_lock = threading.Lock()
+_last_ms = -1
+_last_rand = 0
+
+TASK_PREFIX = "task_"
+RESPONSE_PREFIX = "resp_"
+MESSAGE_PREFIX = "msg_"
+
+
+def _encode(value: int, length: int) -> str:
+    chars = []
+    for _ in range(length):
+        chars.append(_ALPHABET[value & 31])
+        value >>= 5
+    return "".join(reversed(chars))
+
+
+def new_ulid() -> str:
+    """Return a new 26-character ULID, monotonic within this process."""
+    global _last_ms, _last_rand
+    with _lock:
+        ms = time.time_ns() // 1_000_000
+        if ms <= _last_ms:
+            ms = _last_ms
+            rand = (_last_rand + 1) & ((1 << 80) - 1)
+            if rand == 0:  # 2^80 ids in one millisecond: move to the next one
+                ms += 1
+                rand = int.from_bytes(os.urandom(10), "big")
+        else:
+            rand = int.from_bytes(os.urandom(10), "big")
+        _last_ms, _last_rand = ms, rand
+    return _encode(ms, 10) + _encode(rand, 16)
+
+
+def new_task_id() -> str:
+    return TASK_PREFIX + new_ulid()
+
+
+def new_response_id() -> str:
+    return RESPONSE_PREFIX + new_ulid()
+
+
+def new_message_id() -> str:
+    return MESSAGE_PREFIX + new_ulid()
+
+
+def is_prefixed_ulid(value: str, prefix: str) -> bool:
+    """True when ``value`` is ``prefix`` followed by a well-formed ULID."""
+    return value.startswith(prefix) and bool(_ULID_RE.match(value[len(prefix) :]))

@@ -1,0 +1,300 @@
+"""The one owner of task state: status, sequence numbers, events, response status.
+
+Every status change in the service goes through ``task_transition``: a
+compare-and-set ``UPDATE tasks SET status=... WHERE id=... AND status IN
+(sources)`` whose row count says who won, in the same transaction as the
+events the move implies and the response row's new state. Two writers racing
+(a cancel and a completion, a recovery and a worker) can therefore never both
+win, and a task never gets two terminal events (the database refuses that
+too). Callers learn the outcome from ``TransitionResult.won``.
+
+Events are numbered here and nowhere else: ``tasks.last_sequence`` is bumped by
+the number of events inside the compare-and-set, so sequence numbers stay
+contiguous from 0 per task.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from tasks_app.exceptions import TaskNotFound, TransitionNotAllowed
+from tasks_app.ids import new_response_id, new_task_id
+from tasks_app.models import (
+    ACTIVE_TASK_STATUSES,
+    TERMINAL_TASK_STATUSES,
+    Client,
+    Response,
+    ResponseStatus,
+    RestartPolicy,
+    Task,
+    TaskEvent,
+    TaskStatus,
+    TaskType,
+)
+from tasks_app.objects import response_object
+
+S = TaskStatus
+
+# Chapter 7.2, row for row. Terminal states have no moves.
+TRANSITIONS: Mapping[TaskStatus, frozenset[TaskStatus]] = {
+    S.QUEUED: frozenset({S.LOADING, S.CANCELLED, S.FAILED}),
+    S.LOADING: frozenset({S.RUNNING, S.CANCELLING, S.FAILED}),
+    S.RUNNING: frozenset({S.SUCCEEDED, S.FAILED, S.CANCELLING}),
+    S.CANCELLING: frozenset({S.CANCELLED}),
+    S.SUCCEEDED: frozenset(),
+    S.FAILED: frozenset(),
+    S.CANCELLED: frozenset(),
+}
+TERMINAL: frozenset[TaskStatus] = frozenset(TERMINAL_TASK_STATUSES)
+ACTIVE: frozenset[TaskStatus] = frozenset(ACTIVE_TASK_STATUSES)
+CANCELABLE_AT_ONCE: frozenset[TaskStatus] = frozenset({S.QUEUED})
+CANCELABLE_VIA_BACKEND: frozenset[TaskStatus] = frozenset({S.LOADING, S.RUNNING})
+
+# The response status each task status implies, where it implies one.
+_RESPONSE_STATUS: Mapping[TaskStatus, ResponseStatus] = {
+    S.RUNNING: ResponseStatus.IN_PROGRESS,
+    S.FAILED: ResponseStatus.FAILED,
+    S.CANCELLED: ResponseStatus.CANCELLED,
+}
+_SUCCESS_EVENTS: Mapping[str, str] = {
+    ResponseStatus.COMPLETED: "response.completed",
+    ResponseStatus.INCOMPLETE: "response.incomplete",
+}
+# Fields of the task row a caller may set alongside a move.
+_TASK_FIELDS = frozenset({"worker", "heartbeat_at", "attempts"})
+_RESPONSE_FIELDS = frozenset({"status", "output", "usage", "incomplete_details"})
+
+
+def sources_for(to: TaskStatus) -> frozenset[TaskStatus]:
+    """Every status from which the table allows a move to ``to``."""
+    return frozenset(src for src, targets in TRANSITIONS.items() if to in targets)
+
+
+def is_allowed(source: TaskStatus, to: TaskStatus) -> bool:
+    return to in TRANSITIONS[TaskStatus(source)]
+
+
+@dataclass(frozen=True)
+class TransitionResult:
+    """What a compare-and-set did: ``won`` is False when another writer moved first."""
+
+    won: bool
+    task: Task
+    events: tuple[TaskEvent, ...] = ()
+
+
+def encode_event(event_type: str, sequence_number: int, fields: Mapping[str, Any]) -> str:
+    """The stored (and streamed) JSON of one event: type and number first."""
+    body = {"type": event_type, "sequence_number": sequence_number, **fields}
+    return json.dumps(body, ensure_ascii=False, separators=(",", ":"))
+
+
+def _event_rows(
+    task_id: str, first: int, specs: Sequence[tuple[str, Mapping[str, Any]]], now: datetime
+) -> list[TaskEvent]:
+    return [
+        TaskEvent(
+            task_id=task_id,
+            sequence_number=first + offset,
+            type=event_type,
+            payload=encode_event(event_type, first + offset, fields),
+            created_at=now,
+        )
+        for offset, (event_type, fields) in enumerate(specs)
+    ]
+
+
+def task_insert(
+    *,
+    client: Client,
+    request: Mapping[str, Any],
+    model: str,
+    on_restart: RestartPolicy = RestartPolicy.FAIL,
+    metadata: Mapping[str, str] | None = None,
+) -> Task:
+    """Create a queued task, its response and event 0 (``response.created``).
+
+    Runs in the caller's transaction when there is one, so that the caller can
+    commit the idempotency record with it.
+    """
+    now = timezone.now()
+    # No savepoint: inside a caller's transaction a failure here must undo
+    # the caller's writes too (the idempotency claim).
+    with transaction.atomic(savepoint=False):
+        response = Response.objects.create(
+            id=new_response_id(),
+            client=client,
+            model=model,
+            status=ResponseStatus.QUEUED,
+            request=dict(request),
+            metadata=dict(metadata or {}),
+            created_at=now,
+            updated_at=now,
+        )
+        task = Task.objects.create(
+            id=new_task_id(),
+            client=client,
+            type=TaskType.RESPONSE,
+            status=S.QUEUED,
+            on_restart=on_restart,
+            response=response,
+            last_sequence=0,
+            created_at=now,
+            updated_at=now,
+        )
+        TaskEvent.objects.bulk_create(
+            _event_rows(task.id, 0, [("response.created", {"response": response_object(response)})], now)
+        )
+    return task
+
+
+def _status_event(to: TaskStatus | None, response: Response) -> tuple[str, dict[str, Any]] | None:
+    if to == S.RUNNING:
+        return "response.in_progress", {"response": response_object(response)}
+    if to == S.SUCCEEDED:
+        return _SUCCESS_EVENTS[response.status], {"response": response_object(response)}
+    if to == S.FAILED:
+        return "response.failed", {"response": response_object(response)}
+    if to == S.CANCELLED:
+        return "response.cancelled", {"response": response_object(response)}
+    return None
+
+
+def _commit(
+    *,
+    task_id: str,
+    sources: frozenset[TaskStatus],
+    to: TaskStatus | None,
+    events: Sequence[tuple[str, Mapping[str, Any]]],
+    response_changes: Mapping[str, Any] | None,
+    task_changes: Mapping[str, Any] | None,
+    error: Mapping[str, Any] | None,
+) -> TransitionResult:
+    unknown = set(task_changes or {}) - _TASK_FIELDS
+    if unknown:
+        raise TransitionNotAllowed(f"the lifecycle does not set task fields {sorted(unknown)}")
+    unknown = set(response_changes or {}) - _RESPONSE_FIELDS
+    if unknown:
+        raise TransitionNotAllowed(f"the lifecycle does not set response fields {sorted(unknown)}")
+    if (response_changes or {}).get("status") is not None and to != S.SUCCEEDED:
+        raise TransitionNotAllowed("only a move to succeeded chooses the response status")
+    if to == S.FAILED and not error:
+        raise TransitionNotAllowed("a move to failed needs an error")
+
+    has_status_event = to in (S.RUNNING, S.SUCCEEDED, S.FAILED, S.CANCELLED)
+    count = len(events) + (1 if has_status_event else 0)
+    now = timezone.now()
+    with transaction.atomic(savepoint=False):
+        changes: dict[str, Any] = {"updated_at": now, **(task_changes or {})}
+        if count:
+            changes["last_sequence"] = F("last_sequence") + count
+        if to is not None:
+            changes["status"] = to
+        if error is not None:
+            changes["error"] = dict(error)
+        won = Task.objects.filter(pk=task_id, status__in=sources).update(**changes)
+        # Read after the write: inside this transaction the row is ours
+        # (PostgreSQL row lock, SQLite write lock), so the numbers are final.
+        try:
+            task = Task.objects.select_related("response").get(pk=task_id)
+        except Task.DoesNotExist:
+            raise TaskNotFound(f"task {task_id} does not exist") from None
+        if not won:
+            return TransitionResult(won=False, task=task)
+
+        response = task.response
+        response_update: dict[str, Any] = dict(response_changes or {})
+        if to in _RESPONSE_STATUS:
+            response_update["status"] = _RESPONSE_STATUS[to]
+        elif to == S.SUCCEEDED:
+            response_update.setdefault("status", ResponseStatus.COMPLETED)
+            if response_update["status"] not in _SUCCESS_EVENTS:
+                raise TransitionNotAllowed("a succeeded task's response is completed or incomplete")
+        if error is not None:
+            response_update["error"] = dict(error)
+        if response_update:
+            response_update["updated_at"] = now
+            Response.objects.filter(pk=response.pk).update(**response_update)
+            for field, value in response_update.items():
+                setattr(response, field, value)
+
+        specs = list(events)
+        status_event = _status_event(to, response) if has_status_event else None
+        if status_event is not None:
+            # in_progress opens a run, before the caller's opening events;
+            # a terminal event closes the log, after everything else.
+            specs = [status_event, *specs] if to == S.RUNNING else [*specs, status_event]
+        rows = _event_rows(task.id, task.last_sequence - count + 1, specs, now)
+        if rows:
+            TaskEvent.objects.bulk_create(rows)
+    return TransitionResult(won=True, task=task, events=tuple(rows))
+
+
+def task_transition(
+    *,
+    task_id: str,
+    to: TaskStatus,
+    sources: Iterable[TaskStatus] | None = None,
+    events: Sequence[tuple[str, Mapping[str, Any]]] = (),
+    response_changes: Mapping[str, Any] | None = None,
+    task_changes: Mapping[str, Any] | None = None,
+    error: Mapping[str, Any] | None = None,
+) -> TransitionResult:
+    """Move a task to ``to`` if it is still in one of ``sources``.
+
+    ``sources`` defaults to every status the table allows a move from; each
+    given source must be allowed, or ``TransitionNotAllowed`` is raised (a
+    programming error, not a lost race). ``events`` are ``(type, fields)``
+    pairs written with the move; the event the target status implies
+    (``response.in_progress`` first, or the terminal event last) is added here.
+    """
+    to = TaskStatus(to)
+    allowed = sources_for(to)
+    chosen = allowed if sources is None else frozenset(TaskStatus(s) for s in sources)
+    refused = chosen - allowed
+    if refused or not chosen:
+        raise TransitionNotAllowed(f"no move to {to} from {sorted(refused) or 'nowhere'}")
+    return _commit(
+        task_id=task_id,
+        sources=chosen,
+        to=to,
+        events=events,
+        response_changes=response_changes,
+        task_changes=task_changes,
+        error=error,
+    )
+
+
+def task_append_events(
+    *,
+    task_id: str,
+    expected: Iterable[TaskStatus] = (S.RUNNING,),
+    events: Sequence[tuple[str, Mapping[str, Any]]] = (),
+    response_changes: Mapping[str, Any] | None = None,
+    task_changes: Mapping[str, Any] | None = None,
+) -> TransitionResult:
+    """Append events (and progress) without a status change.
+
+    Only while the task is in ``expected`` (a non-terminal status): a worker
+    whose task was cancelled learns it here from ``won=False``.
+    """
+    expected_set = frozenset(TaskStatus(s) for s in expected)
+    if not expected_set or expected_set & TERMINAL:
+        raise TransitionNotAllowed("events are appended only to unfinished tasks")
+    return _commit(
+        task_id=task_id,
+        sources=expected_set,
+        to=None,
+        events=events,
+        response_changes=response_changes,
+        task_changes=task_changes,
+        error=None,
+    )

@@ -1,0 +1,290 @@
+"""Tables of chapter 11.1 and the invariants the database itself can hold.
+
+Status columns are only ever written by ``tasks_app.lifecycle``; nothing here
+overrides ``save()`` or reacts to signals.
+"""
+
+from __future__ import annotations
+
+from django.db import models
+from django.db.models import Q
+
+
+class TaskType(models.TextChoices):
+    RESPONSE = "response", "response"
+    """Runs one response request (the only task type of LMSP 1.0)."""
+
+
+class TaskStatus(models.TextChoices):
+    QUEUED = "queued", "queued"
+    """Accepted and persisted; waits for a worker."""
+    LOADING = "loading", "loading"
+    """A worker claimed the task and is loading its model."""
+    RUNNING = "running", "running"
+    """The model generates."""
+    CANCELLING = "cancelling", "cancelling"
+    """Cancel was requested; the backend has not stopped yet."""
+    SUCCEEDED = "succeeded", "succeeded"
+    """Terminal: the response is complete (or incomplete at a token limit)."""
+    FAILED = "failed", "failed"
+    """Terminal: the task failed; ``error`` holds the problem object."""
+    CANCELLED = "cancelled", "cancelled"
+    """Terminal: the task was cancelled."""
+
+
+class RestartPolicy(models.TextChoices):
+    FAIL = "fail", "fail"
+    """An unfinished task found at startup fails with ``server_restarted``."""
+    RETRY = "retry", "retry"
+    """An unfinished task found at startup runs again from the start."""
+    RESUME = "resume", "resume"
+    """An unfinished task found at startup continues from its snapshot."""
+
+
+class ResponseStatus(models.TextChoices):
+    QUEUED = "queued", "queued"
+    """The response waits for its task to start."""
+    IN_PROGRESS = "in_progress", "in_progress"
+    """The model is producing output."""
+    COMPLETED = "completed", "completed"
+    """Finished normally."""
+    INCOMPLETE = "incomplete", "incomplete"
+    """Stopped at a limit (``incomplete_details`` says which)."""
+    FAILED = "failed", "failed"
+    """Stopped by an error (``error`` holds the problem object)."""
+    CANCELLED = "cancelled", "cancelled"
+    """Stopped by a cancel."""
+
+
+class IdempotencyState(models.TextChoices):
+    IN_PROGRESS = "in_progress", "in_progress"
+    """The first request with this key is still being served."""
+    COMPLETED = "completed", "completed"
+    """The reply is stored and is replayed for the same body."""
+
+
+TERMINAL_TASK_STATUSES = (TaskStatus.SUCCEEDED, TaskStatus.FAILED, TaskStatus.CANCELLED)
+ACTIVE_TASK_STATUSES = (TaskStatus.QUEUED, TaskStatus.LOADING, TaskStatus.RUNNING, TaskStatus.CANCELLING)
+TERMINAL_EVENT_TYPES = (
+    "response.completed",
+    "response.incomplete",
+    "response.failed",
+    "response.cancelled",
+)
+
+
+class ServiceConfig(models.Model):
+    """Service identity and configuration, one row per key."""
+
+    key = models.CharField(max_length=100, primary_key=True)
+    value = models.JSONField()
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        db_table = "service_config"
+
+    def __str__(self) -> str:
+        return self.key
+
+
+class Client(models.Model):
+    """A paired client: token hash (never the token) and scopes."""
+
+    name = models.CharField(max_length=100)
+    token_hash = models.CharField(max_length=64, unique=True, help_text="SHA-256 of the token, hex")
+    scopes = models.JSONField(default=list)
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "clients"
+        constraints = [
+            # Names identify clients in `lmsp_client revoke NAME`; a revoked
+            # client's name may be reused.
+            models.UniqueConstraint(
+                fields=["name"], condition=Q(revoked_at__isnull=True), name="client_name_unique_when_active"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+    # DRF treats the authenticated principal like a user.
+    @property
+    def is_authenticated(self) -> bool:
+        return True
+
+    def has_scope(self, scope: str) -> bool:
+        return scope in self.scopes or "admin" in self.scopes
+
+
+class PairingCode(models.Model):
+    """A one-time code that a new client trades for a token."""
+
+    code_hash = models.CharField(max_length=64, unique=True)
+    scopes = models.JSONField(default=list)
+    created_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField()
+    used_at = models.DateTimeField(null=True, blank=True)
+    client = models.ForeignKey(Client, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+
+    class Meta:
+        db_table = "pairing_codes"
+
+    def __str__(self) -> str:
+        return f"pairing code {self.pk}"
+
+
+class ModelRecord(models.Model):
+    """Metadata and content digests of a model folder; files stay on disk."""
+
+    name = models.CharField(max_length=200, unique=True, help_text="`name` or `name:tag`")
+    path = models.CharField(max_length=1000, help_text="Folder relative to LMSP_MODELS_DIR")
+    backend = models.CharField(max_length=50)
+    size_bytes = models.BigIntegerField()
+    digest = models.CharField(max_length=71, help_text="sha256:<hex> over the per-file digests")
+    files = models.JSONField(default=dict, help_text="{file: {size, mtime_ns, sha256}}")
+    capabilities = models.JSONField(default=dict)
+    config = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        db_table = "models"
+        verbose_name = "model"
+        constraints = [models.CheckConstraint(condition=Q(size_bytes__gte=0), name="model_size_non_negative")]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def resumable(self) -> bool:
+        return bool(self.capabilities.get("resumable_snapshots"))
+
+
+class Response(models.Model):
+    """A response object (PROFILE.md section 3) and what produced it."""
+
+    id = models.CharField(max_length=31, primary_key=True)
+    client = models.ForeignKey(Client, on_delete=models.PROTECT, related_name="responses")
+    model = models.CharField(max_length=200)
+    status = models.CharField(max_length=20, choices=ResponseStatus.choices, default=ResponseStatus.QUEUED)
+    request = models.JSONField(help_text="The validated response request")
+    output = models.JSONField(default=list)
+    usage = models.JSONField(null=True, blank=True)
+    error = models.JSONField(null=True, blank=True)
+    incomplete_details = models.JSONField(null=True, blank=True)
+    metadata = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField()
+    updated_at = models.DateTimeField()
+
+    class Meta:
+        db_table = "responses"
+        constraints = [
+            models.CheckConstraint(condition=Q(status__in=ResponseStatus.values), name="response_status_valid"),
+        ]
+
+    def __str__(self) -> str:
+        return self.id
+
+
+class Task(models.Model):
+    """A persisted asynchronous task (chapter 7)."""
+
+    id = models.CharField(max_length=31, primary_key=True)
+    client = models.ForeignKey(Client, on_delete=models.PROTECT, related_name="tasks")
+    type = models.CharField(max_length=20, choices=TaskType.choices, default=TaskType.RESPONSE)
+    status = models.CharField(max_length=20, choices=TaskStatus.choices, default=TaskStatus.QUEUED)
+    on_restart = models.CharField(max_length=10, choices=RestartPolicy.choices, default=RestartPolicy.FAIL)
+    response = models.OneToOneField(Response, on_delete=models.PROTECT, related_name="task")
+    last_sequence = models.IntegerField(default=0, help_text="sequence_number of the newest event")
+    attempts = models.IntegerField(default=0, help_text="How many times a worker started the task")
+    error = models.JSONField(null=True, blank=True)
+    worker = models.CharField(max_length=200, blank=True, default="", help_text="Worker holding the task")
+    heartbeat_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField()
+    updated_at = models.DateTimeField()
+
+    class Meta:
+        db_table = "tasks"
+        constraints = [
+            models.CheckConstraint(condition=Q(status__in=TaskStatus.values), name="task_status_valid"),
+            models.CheckConstraint(condition=Q(on_restart__in=RestartPolicy.values), name="task_on_restart_valid"),
+            models.CheckConstraint(condition=Q(type__in=TaskType.values), name="task_type_valid"),
+            models.CheckConstraint(condition=Q(last_sequence__gte=0), name="task_last_sequence_non_negative"),
+            # A failed task always says why.
+            models.CheckConstraint(
+                condition=~Q(status=TaskStatus.FAILED) | Q(error__isnull=False), name="task_failed_has_error"
+            ),
+        ]
+        indexes = [
+            models.Index(fields=["client", "-id"], name="task_client_newest"),
+            models.Index(fields=["client", "status", "-id"], name="task_client_status_newest"),
+            # Recovery, sweeper and reaper scan only unfinished tasks.
+            models.Index(fields=["status", "id"], condition=Q(status__in=ACTIVE_TASK_STATUSES), name="task_active"),
+        ]
+
+    def __str__(self) -> str:
+        return self.id
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.status in TERMINAL_TASK_STATUSES
+
+
+class TaskEvent(models.Model):
+    """One event of a task's log; ``payload`` is the exact JSON sent to clients."""
+
+    task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="events")
+    sequence_number = models.IntegerField()
+    type = models.CharField(max_length=64)
+    # Stored as text so a stream replays the very bytes written (JSONB would
+    # reorder keys on PostgreSQL) and never re-encodes per client.
+    payload = models.TextField()
+    created_at = models.DateTimeField()
+
+    class Meta:
+        db_table = "task_events"
+        ordering = ["task", "sequence_number"]
+        constraints = [
+            models.UniqueConstraint(fields=["task", "sequence_number"], name="task_event_sequence_unique"),
+            models.UniqueConstraint(
+                fields=["task"], condition=Q(type__in=TERMINAL_EVENT_TYPES), name="task_event_one_terminal"
+            ),
+            models.CheckConstraint(condition=Q(sequence_number__gte=0), name="task_event_sequence_non_negative"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.task_id}#{self.sequence_number} {self.type}"
+
+
+class IdempotencyKey(models.Model):
+    """An Idempotency-Key with its request digest and stored reply."""
+
+    client = models.ForeignKey(Client, on_delete=models.CASCADE, related_name="+")
+    endpoint = models.CharField(max_length=50)
+    key = models.CharField(max_length=255)
+    request_hash = models.CharField(max_length=64)
+    state = models.CharField(max_length=20, choices=IdempotencyState.choices)
+    response_status = models.IntegerField(null=True, blank=True)
+    response_body = models.JSONField(null=True, blank=True)
+    response_headers = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField()
+    expires_at = models.DateTimeField()
+
+    class Meta:
+        db_table = "idempotency_keys"
+        constraints = [
+            # Concurrent first uses are resolved here, not by a read-then-write.
+            models.UniqueConstraint(fields=["client", "endpoint", "key"], name="idempotency_key_unique"),
+            models.CheckConstraint(condition=Q(state__in=IdempotencyState.values), name="idempotency_state_valid"),
+            models.CheckConstraint(
+                condition=Q(state=IdempotencyState.IN_PROGRESS) | Q(response_status__isnull=False),
+                name="idempotency_completed_has_reply",
+            ),
+        ]
+        indexes = [models.Index(fields=["expires_at"], name="idempotency_expiry")]
+
+    def __str__(self) -> str:
+        return f"{self.endpoint}:{self.key}"

@@ -1,0 +1,66 @@
+"""Wire shapes of the response and task objects.
+
+Both the API and the event log need them (``response.created`` carries the
+response object), so they live here rather than in an API serializer.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from django.conf import settings
+
+from tasks_app.models import Response, Task, TaskStatus
+
+
+def unix_seconds(value: datetime) -> int:
+    return int(value.timestamp())
+
+
+def response_object(response: Response) -> dict[str, Any]:
+    """The response object of PROFILE.md section 3, keys in spec order."""
+    request = response.request
+    return {
+        "id": response.id,
+        "object": "response",
+        "created_at": unix_seconds(response.created_at),
+        "status": response.status,
+        "model": response.model,
+        "output": response.output,
+        "usage": response.usage,
+        "error": response.error,
+        "incomplete_details": response.incomplete_details,
+        "instructions": request.get("instructions"),
+        "max_output_tokens": request.get("max_output_tokens"),
+        "temperature": request.get("temperature"),
+        "top_p": request.get("top_p"),
+        "metadata": response.metadata,
+    }
+
+
+def events_url(task_id: str) -> str:
+    return f"/lmsp/v1/tasks/{task_id}/events"
+
+
+def task_object(task: Task) -> dict[str, Any]:
+    """The task object of chapter 7.1, field for field.
+
+    ``task.response`` must be loaded (``select_related``) when the task
+    succeeded, or this costs a query.
+    """
+    body: dict[str, Any] = {
+        "id": task.id,
+        "object": "task",
+        "type": task.type,
+        "status": task.status,
+        "created_at": unix_seconds(task.created_at),
+        "updated_at": unix_seconds(task.updated_at),
+        "response_id": task.response_id,
+    }
+    if settings.LMSP_EVENT_RESUME:
+        body["events_url"] = events_url(task.id)
+    body["on_restart"] = task.on_restart
+    body["response"] = response_object(task.response) if task.status == TaskStatus.SUCCEEDED else None
+    body["error"] = task.error if task.status == TaskStatus.FAILED else None
+    return body

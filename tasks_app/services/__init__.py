@@ -1,0 +1,1 @@
+"""Writes of the service, one module per entity, functions named ``<entity>_<action>``."""

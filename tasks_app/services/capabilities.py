@@ -1,0 +1,34 @@
+"""What the service can do (PROFILE.md section 6)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+
+from tasks_app.ids import new_ulid
+from tasks_app.models import RestartPolicy, ServiceConfig, TaskType
+from tasks_app.services.clients import SCOPES
+
+LMSP_VERSION = "1.0"
+
+
+def service_id_get() -> str:
+    """This installation's stable id, created on first use."""
+    row, _ = ServiceConfig.objects.get_or_create(key="service_id", defaults={"value": "svc_" + new_ulid()})
+    return str(row.value)
+
+
+def capabilities_describe() -> dict[str, Any]:
+    return {
+        "object": "capabilities",
+        "lmsp_version": LMSP_VERSION,
+        "service_id": service_id_get(),
+        "event_resume": settings.LMSP_EVENT_RESUME,
+        "task_types": list(TaskType.values),
+        "on_restart": list(RestartPolicy.values),
+        "idempotency": True,
+        "pairing": True,
+        "scopes": list(SCOPES),
+        "max_request_bytes": settings.LMSP_MAX_REQUEST_BYTES,
+    }

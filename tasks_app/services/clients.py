@@ -1,0 +1,129 @@
+"""Clients, their tokens and pairing codes (PROFILE.md section 1)."""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from collections.abc import Iterable
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from tasks_app.exceptions import InvalidRequest
+from tasks_app.models import Client, PairingCode
+
+SCOPES = ("responses", "read", "admin")
+TOKEN_PREFIX = "lmsp_"
+_CODE_ALPHABET = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"  # Crockford: no I, L, O, U
+_CODE_LENGTH = 8
+MAX_NAME_LENGTH = 100
+
+
+def token_digest(secret: str) -> str:
+    """SHA-256 hex of a token or pairing code; only this is stored."""
+    return hashlib.sha256(secret.encode("utf-8")).hexdigest()
+
+
+def scopes_parse(raw: str | Iterable[str]) -> list[str]:
+    """Validate scopes given as ``"a,b"`` or a list; keeps the canonical order."""
+    items = raw.split(",") if isinstance(raw, str) else list(raw)
+    wanted = {item.strip() for item in items if item and item.strip()}
+    unknown = wanted - set(SCOPES)
+    if unknown:
+        raise InvalidRequest(
+            f"unknown scopes {sorted(unknown)}; known: {', '.join(SCOPES)}",
+            errors=[{"field": "scopes", "message": f"unknown scopes {sorted(unknown)}"}],
+        )
+    if not wanted:
+        raise InvalidRequest("at least one scope is required", errors=[{"field": "scopes", "message": "empty"}])
+    return [scope for scope in SCOPES if scope in wanted]
+
+
+def _name_validate(name: str) -> str:
+    name = name.strip()
+    if not 1 <= len(name) <= MAX_NAME_LENGTH:
+        raise InvalidRequest(
+            f"client name must be 1-{MAX_NAME_LENGTH} characters",
+            errors=[{"field": "client_name", "message": f"must be 1-{MAX_NAME_LENGTH} characters"}],
+        )
+    return name
+
+
+def client_create(*, name: str, scopes: Iterable[str] | str) -> tuple[Client, str]:
+    """Create a client; returns it with its token, which is never stored or shown again."""
+    token = TOKEN_PREFIX + secrets.token_urlsafe(32)
+    try:
+        with transaction.atomic():
+            client = Client.objects.create(
+                name=_name_validate(name), token_hash=token_digest(token), scopes=scopes_parse(scopes)
+            )
+    except IntegrityError:
+        raise InvalidRequest(
+            f"a client named {name!r} already exists",
+            errors=[{"field": "client_name", "message": "already in use"}],
+        ) from None
+    return client, token
+
+
+def client_revoke(*, name: str) -> Client | None:
+    """Revoke the active client called ``name``; None when there is none."""
+    now = timezone.now()
+    client = Client.objects.filter(name=name, revoked_at__isnull=True).first()
+    if client is None:
+        return None
+    Client.objects.filter(pk=client.pk, revoked_at__isnull=True).update(revoked_at=now)
+    client.revoked_at = now
+    return client
+
+
+def client_touch(*, client: Client) -> None:
+    """Record use, at most once per configured interval (a write per request is dear on SQLite)."""
+    now = timezone.now()
+    resolution = timedelta(seconds=settings.LMSP_CLIENT_LAST_USED_RESOLUTION_SECONDS)
+    if client.last_used_at is not None and now - client.last_used_at < resolution:
+        return
+    Client.objects.filter(pk=client.pk).update(last_used_at=now)
+    client.last_used_at = now
+
+
+def _code_normalise(code: str) -> str:
+    cleaned = code.strip().upper().replace("-", "").replace(" ", "")
+    return cleaned.translate(str.maketrans({"O": "0", "I": "1", "L": "1"}))
+
+
+def pairing_code_create(*, scopes: Iterable[str] | str, ttl_seconds: int | None = None) -> tuple[PairingCode, str]:
+    """A one-time code (shown as ``XXXX-XXXX``) that ``POST /pair`` trades for a token."""
+    ttl = settings.LMSP_PAIRING_CODE_TTL_SECONDS if ttl_seconds is None else ttl_seconds
+    raw = "".join(secrets.choice(_CODE_ALPHABET) for _ in range(_CODE_LENGTH))
+    pairing = PairingCode.objects.create(
+        code_hash=token_digest(raw),
+        scopes=scopes_parse(scopes),
+        expires_at=timezone.now() + timedelta(seconds=ttl),
+    )
+    return pairing, f"{raw[:4]}-{raw[4:]}"
+
+
+def pairing_code_redeem(*, code: str, client_name: str) -> tuple[Client, str]:
+    """Trade an unused, unexpired code for a new client and its token.
+
+    The code is consumed by a conditional UPDATE, so two concurrent redeems
+    of one code cannot both succeed; a failure after it rolls the use back.
+    """
+    now = timezone.now()
+    digest = token_digest(_code_normalise(code))
+    with transaction.atomic():
+        used = PairingCode.objects.filter(code_hash=digest, used_at__isnull=True, expires_at__gt=now).update(
+            used_at=now
+        )
+        if not used:
+            raise InvalidRequest(
+                "the pairing code is unknown, used or expired",
+                errors=[{"field": "code", "message": "unknown, used or expired"}],
+            )
+        pairing = PairingCode.objects.get(code_hash=digest)
+        client, token = client_create(name=client_name, scopes=pairing.scopes)
+        pairing.client = client
+        pairing.save(update_fields=["client"])
+    return client, token

@@ -1,0 +1,113 @@
+"""Creating and cancelling tasks; every status change goes through the lifecycle."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+
+from tasks_app import lifecycle
+from tasks_app.exceptions import (
+    InvalidRequest,
+    QueueFull,
+    TaskNotCancelable,
+    UnsupportedCapability,
+)
+from tasks_app.models import Client, RestartPolicy, Task, TaskStatus
+from tasks_app.objects import task_object
+from tasks_app.selectors import model_get_by_name
+from tasks_app.services.idempotency import idempotency_claim, idempotency_complete
+
+TASKS_ENDPOINT = "tasks"
+
+
+@dataclass(frozen=True)
+class Reply:
+    """An HTTP reply decided by a service (fresh or replayed)."""
+
+    status: int
+    body: Any
+    headers: dict[str, str] = field(default_factory=dict)
+    replayed: bool = False
+
+
+def task_location(task_id: str) -> str:
+    return f"/lmsp/v1/tasks/{task_id}"
+
+
+def task_create(
+    *,
+    client: Client,
+    request: Mapping[str, Any],
+    on_restart: RestartPolicy,
+    idempotency_key: str | None,
+    request_hash: str,
+) -> Reply:
+    """Accept a task: task, response, event 0 and idempotency record in one transaction.
+
+    Returns only after the commit, so a 202 built from the reply describes a
+    task that is already durable.
+    """
+    if on_restart == RestartPolicy.RETRY and idempotency_key is None:
+        raise InvalidRequest(
+            "on_restart 'retry' requires an Idempotency-Key header",
+            errors=[{"field": "Idempotency-Key", "message": "required when on_restart is 'retry'"}],
+        )
+    with transaction.atomic():
+        claim = None
+        if idempotency_key is not None:
+            claim = idempotency_claim(
+                client=client, endpoint=TASKS_ENDPOINT, key=idempotency_key, request_hash=request_hash
+            )
+            if claim.is_replay:
+                return Reply(claim.replay_status, claim.replay_body, claim.replay_headers or {}, replayed=True)
+        model = model_get_by_name(request["model"])
+        if on_restart == RestartPolicy.RESUME and not model.resumable:
+            raise UnsupportedCapability(
+                f"model {model.name!r} has no resumable snapshots; on_restart 'resume' is not available",
+                errors=[{"field": "on_restart", "message": "the model's backend has no resumable snapshots"}],
+            )
+        if Task.objects.filter(status=TaskStatus.QUEUED).count() >= settings.LMSP_MAX_QUEUED_TASKS:
+            retry_after = str(settings.LMSP_QUEUE_FULL_RETRY_AFTER_SECONDS)
+            raise QueueFull("Too many tasks are waiting; try again later", headers={"Retry-After": retry_after})
+        stored_request = {**request, "model": model.name}
+        task = lifecycle.task_insert(
+            client=client,
+            request=stored_request,
+            model=model.name,
+            on_restart=on_restart,
+            metadata=request.get("metadata") or {},
+        )
+        reply = Reply(202, task_object(task), {"Location": task_location(task.id)})
+        if claim is not None:
+            idempotency_complete(record=claim.record, status=reply.status, body=reply.body, headers=reply.headers)
+    return reply
+
+
+def task_cancel(*, task: Task) -> Task:
+    """Cancel a task (chapter 7.3) and return its current state.
+
+    queued -> cancelled at once; loading/running -> cancelling (the worker
+    finishes the move); cancelling/cancelled -> unchanged; succeeded/failed ->
+    ``TaskNotCancelable``. Each attempt is a compare-and-set, so a cancel that
+    races a worker simply retries against the state that won.
+    """
+    current = task
+    for _ in range(5):
+        if current.status in lifecycle.CANCELABLE_AT_ONCE:
+            result = lifecycle.task_transition(task_id=task.id, to=TaskStatus.CANCELLED, sources=[current.status])
+        elif current.status in lifecycle.CANCELABLE_VIA_BACKEND:
+            result = lifecycle.task_transition(task_id=task.id, to=TaskStatus.CANCELLING, sources=[current.status])
+        elif current.status in (TaskStatus.CANCELLING, TaskStatus.CANCELLED):
+            return current
+        else:
+            raise TaskNotCancelable(f"task {task.id} already {current.status}")
+        current = result.task
+        if result.won:
+            return current
+    # Five lost races in a row means the task moves faster than we read it;
+    # what we report is still a state it really had.
+    return current

@@ -1,0 +1,64 @@
+"""Entry points for child processes that work on the test database.
+
+Children are started with the ``spawn`` method, so they set Django up from
+scratch against the DATABASE_URL they are given: a separate process, a
+separate connection, exactly like a worker or a second web process.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+
+def setup_django(database_url: str) -> None:
+    os.environ["DATABASE_URL"] = database_url
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "lmsp_project.settings")
+    import django
+
+    django.setup()
+
+
+def cancel_all(database_url: str, task_ids: list[str], barrier: Any, results: Any) -> None:
+    """Cancel each task as the API would (the canceller side of the race)."""
+    setup_django(database_url)
+    from tasks_app.exceptions import TaskNotCancelable
+    from tasks_app.models import Task
+    from tasks_app.services.tasks import task_cancel
+
+    outcome = {"cancelled": 0, "not_cancelable": 0}
+    for task_id in task_ids:
+        barrier.wait()  # both sides start on each task together
+        try:
+            task_cancel(task=Task.objects.get(pk=task_id))
+            outcome["cancelled"] += 1
+        except TaskNotCancelable:
+            outcome["not_cancelable"] += 1
+    results.put(("canceller", outcome))
+
+
+def complete_all(database_url: str, task_ids: list[str], barrier: Any, results: Any) -> None:
+    """Finish each task as a worker would: last deltas, then complete or honour a cancel."""
+    setup_django(database_url)
+    from tasks_app import lifecycle
+    from tasks_app.models import ResponseStatus, TaskStatus
+
+    outcome = {"succeeded": 0, "acknowledged_cancel": 0}
+    for task_id in task_ids:
+        barrier.wait()
+        lifecycle.task_append_events(task_id=task_id, events=[("response.output_text.delta", {"delta": "tail"})])
+        done = lifecycle.task_transition(
+            task_id=task_id,
+            to=TaskStatus.SUCCEEDED,
+            sources=[TaskStatus.RUNNING],
+            events=[("response.output_text.done", {"text": "tail"})],
+            response_changes={"status": ResponseStatus.COMPLETED},
+        )
+        if done.won:
+            outcome["succeeded"] += 1
+            continue
+        assert done.task.status == TaskStatus.CANCELLING, done.task.status
+        stopped = lifecycle.task_transition(task_id=task_id, to=TaskStatus.CANCELLED, sources=[TaskStatus.CANCELLING])
+        assert stopped.won
+        outcome["acknowledged_cancel"] += 1
+    results.put(("completer", outcome))

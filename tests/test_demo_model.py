@@ -1,0 +1,495 @@
+"""Tests for workers.demo_model: the tiny Qwen2-style ONNX model used in place of real weights."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from onnx import numpy_helper
+from tokenizers import Tokenizer
+
+from workers.demo_model import DEMO_SIZES, SPECIAL_TOKENS, build_demo_model
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+BUILD_SCRIPT = (
+    "import sys, pathlib\n"
+    "from workers.demo_model import build_demo_model\n"
+    "build_demo_model(pathlib.Path(sys.argv[1]))\n"
+)
+EXPECTED_FILES = {
+    "model.onnx",
+    "model.onnx_data",
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "chat_template.jinja",
+    "special_tokens_map.json",
+}
+
+
+# --------------------------------------------------------------------------- #
+# Fixtures and helpers
+# --------------------------------------------------------------------------- #
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("demo_model")
+    written = build_demo_model(out)
+    assert {p.name for p in written} == EXPECTED_FILES
+    assert all(p.parent == out and p.is_file() for p in written)
+    return out
+
+
+@pytest.fixture(scope="module")
+def config(model_dir: Path) -> dict:
+    return json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
+
+
+@pytest.fixture(scope="module")
+def session(model_dir: Path) -> ort.InferenceSession:
+    return ort.InferenceSession(str(model_dir / "model.onnx"), providers=["CPUExecutionProvider"])
+
+
+@pytest.fixture(scope="module")
+def tokenizer(model_dir: Path) -> Tokenizer:
+    return Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+
+
+def empty_past(config: dict, batch: int) -> dict[str, np.ndarray]:
+    shape = (batch, config["num_key_value_heads"], 0, config["head_dim"])
+    return {
+        f"past_key_values.{layer}.{kind}": np.zeros(shape, dtype=np.float32)
+        for layer in range(config["num_hidden_layers"])
+        for kind in ("key", "value")
+    }
+
+
+def forward(
+    session: ort.InferenceSession,
+    config: dict,
+    input_ids: np.ndarray,
+    attention_mask: np.ndarray | None = None,
+    position_ids: np.ndarray | None = None,
+    past: dict[str, np.ndarray] | None = None,
+) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """One session run; returns (logits, past for the next step)."""
+    input_ids = np.asarray(input_ids, dtype=np.int64)
+    batch, seq = input_ids.shape
+    past = past if past is not None else empty_past(config, batch)
+    past_len = past["past_key_values.0.key"].shape[2]
+    if attention_mask is None:
+        attention_mask = np.ones((batch, past_len + seq), dtype=np.int64)
+    if position_ids is None:
+        position_ids = np.broadcast_to(np.arange(past_len, past_len + seq, dtype=np.int64), (batch, seq))
+    feed = {
+        "input_ids": input_ids,
+        "attention_mask": np.asarray(attention_mask, dtype=np.int64),
+        "position_ids": np.ascontiguousarray(position_ids, dtype=np.int64),
+        **past,
+    }
+    names = [o.name for o in session.get_outputs()]
+    results = dict(zip(names, session.run(None, feed), strict=True))
+    present = {
+        name.replace("present.", "past_key_values."): value for name, value in results.items() if name != "logits"
+    }
+    return results["logits"], present
+
+
+def random_prompt(config: dict, length: int, seed: int = 1) -> np.ndarray:
+    # Ordinary (non-special) tokens only.
+    return np.random.default_rng(seed).integers(0, config["vocab_size"] - len(SPECIAL_TOKENS), (1, length))
+
+
+# --------------------------------------------------------------------------- #
+# Build
+# --------------------------------------------------------------------------- #
+
+
+@pytest.mark.slow
+def test_build_is_byte_identical_across_processes(tmp_path: Path) -> None:
+    # Different hash seeds catch any dict/set ordering leaking into the files;
+    # separate processes also give the Rust tokenizer trainer fresh hash seeds.
+    dirs = []
+    for hash_seed in ("1", "4242"):
+        out = tmp_path / f"build_{hash_seed}"
+        env = {**os.environ, "PYTHONHASHSEED": hash_seed, "PYTHONPATH": str(REPO_ROOT)}
+        subprocess.run(
+            [sys.executable, "-c", BUILD_SCRIPT, str(out)],
+            check=True,
+            cwd=REPO_ROOT,
+            env=env,
+            timeout=120,
+        )
+        dirs.append(out)
+    first, second = dirs
+    assert {p.name for p in first.iterdir()} == EXPECTED_FILES
+    assert {p.name for p in second.iterdir()} == EXPECTED_FILES
+    for name in sorted(EXPECTED_FILES):
+        assert (first / name).read_bytes() == (second / name).read_bytes(), name
+
+
+def test_rebuild_in_place_overwrites(tmp_path: Path, model_dir: Path) -> None:
+    # onnx appends external data to an existing file; a rebuild must not grow it.
+    build_demo_model(tmp_path)
+    build_demo_model(tmp_path)
+    for name in sorted(EXPECTED_FILES):
+        assert (tmp_path / name).read_bytes() == (model_dir / name).read_bytes(), name
+
+
+def test_seed_changes_weights_only(tmp_path: Path, model_dir: Path) -> None:
+    build_demo_model(tmp_path, seed=1)
+    assert (tmp_path / "model.onnx_data").read_bytes() != (model_dir / "model.onnx_data").read_bytes()
+    assert (tmp_path / "tokenizer.json").read_bytes() == (model_dir / "tokenizer.json").read_bytes()
+
+
+def test_unknown_size_raises(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="unknown demo model size"):
+        build_demo_model(tmp_path / "x", size="gigantic")
+    assert not (tmp_path / "x").exists()
+
+
+def test_sizes_are_consistent() -> None:
+    demo = DEMO_SIZES["demo"]
+    assert (
+        demo.hidden_size,
+        demo.num_layers,
+        demo.num_heads,
+        demo.num_kv_heads,
+        demo.head_dim,
+    ) == (64, 2, 4, 2, 16)
+    assert demo.intermediate_size == 176
+    for name, size in DEMO_SIZES.items():
+        assert size.num_kv_heads < size.num_heads, name  # GQA everywhere
+        assert size.num_heads % size.num_kv_heads == 0, name
+
+
+def test_config_files(model_dir: Path, config: dict, tokenizer: Tokenizer) -> None:
+    demo = DEMO_SIZES["demo"]
+    assert config["architectures"] == ["Qwen2ForCausalLM"]
+    assert config["model_type"] == "qwen2"
+    assert config["hidden_size"] == demo.hidden_size
+    assert config["intermediate_size"] == demo.intermediate_size
+    assert config["num_hidden_layers"] == demo.num_layers
+    assert config["num_attention_heads"] == demo.num_heads
+    assert config["num_key_value_heads"] == demo.num_kv_heads
+    assert config["head_dim"] == demo.head_dim
+    assert config["vocab_size"] == demo.vocab_size == tokenizer.get_vocab_size(with_added_tokens=True)
+    assert config["max_position_embeddings"] == 8192
+    assert config["rope_theta"] == 10000.0
+    assert config["hidden_act"] == "silu"
+    assert config["torch_dtype"] == "float32"
+
+    im_end = tokenizer.token_to_id("<|im_end|>")
+    endoftext = tokenizer.token_to_id("<|endoftext|>")
+    assert config["eos_token_id"] == im_end
+    assert config["pad_token_id"] == endoftext
+    generation = json.loads((model_dir / "generation_config.json").read_text(encoding="utf-8"))
+    assert generation["eos_token_id"] == [im_end, endoftext]
+    assert generation["bos_token_id"] == config["bos_token_id"]
+    assert generation["pad_token_id"] == config["pad_token_id"]
+
+    tok_config = json.loads((model_dir / "tokenizer_config.json").read_text(encoding="utf-8"))
+    assert tok_config["chat_template"] == (model_dir / "chat_template.jinja").read_text(encoding="utf-8")
+    assert tok_config["eos_token"] == "<|im_end|>"
+    assert tok_config["pad_token"] == "<|endoftext|>"
+    assert tok_config["bos_token"] == "<|endoftext|>"
+    assert {int(i): entry["content"] for i, entry in tok_config["added_tokens_decoder"].items()} == {
+        tokenizer.token_to_id(t): t for t in SPECIAL_TOKENS
+    }
+    assert all(entry["special"] for entry in tok_config["added_tokens_decoder"].values())
+    special_map = json.loads((model_dir / "special_tokens_map.json").read_text(encoding="utf-8"))
+    assert special_map["eos_token"]["content"] == "<|im_end|>"
+
+
+# --------------------------------------------------------------------------- #
+# ONNX interface
+# --------------------------------------------------------------------------- #
+
+
+def test_session_io_matches_optimum(session: ort.InferenceSession, config: dict) -> None:
+    layers = range(config["num_hidden_layers"])
+    past_names = {f"past_key_values.{i}.{kind}" for i in layers for kind in ("key", "value")}
+    present_names = {f"present.{i}.{kind}" for i in layers for kind in ("key", "value")}
+    inputs = {i.name: i for i in session.get_inputs()}
+    outputs = {o.name: o for o in session.get_outputs()}
+
+    assert set(inputs) == {"input_ids", "attention_mask", "position_ids"} | past_names
+    assert set(outputs) == {"logits"} | present_names
+    for name in ("input_ids", "attention_mask", "position_ids"):
+        assert inputs[name].type == "tensor(int64)", name
+    for name in past_names:
+        assert inputs[name].type == "tensor(float)", name
+    for name in present_names | {"logits"}:
+        assert outputs[name].type == "tensor(float)", name
+
+    kv, head_dim = config["num_key_value_heads"], config["head_dim"]
+    assert inputs["input_ids"].shape == ["batch_size", "sequence_length"]
+    assert inputs["position_ids"].shape == ["batch_size", "sequence_length"]
+    assert inputs["past_key_values.0.key"].shape == [
+        "batch_size",
+        kv,
+        "past_sequence_length",
+        head_dim,
+    ]
+    assert outputs["logits"].shape == [
+        "batch_size",
+        "sequence_length",
+        config["vocab_size"],
+    ]
+    assert outputs["present.0.value"].shape[:2] == ["batch_size", kv]
+    assert outputs["present.0.value"].shape[3] == head_dim
+    assert inputs["attention_mask"].shape[1] == outputs["present.0.key"].shape[2]
+
+
+def test_graph_uses_only_standard_ops(model_dir: Path) -> None:
+    model = onnx.load(str(model_dir / "model.onnx"), load_external_data=False)
+    assert {op.domain for op in model.opset_import} == {""}
+    assert {node.domain for node in model.graph.node} == {""}
+    onnx.checker.check_model(str(model_dir / "model.onnx"), full_check=True)
+
+
+# --------------------------------------------------------------------------- #
+# Numerics
+# --------------------------------------------------------------------------- #
+
+
+def reference_logits(model_dir: Path, config: dict, input_ids: np.ndarray) -> np.ndarray:
+    """Independent numpy Qwen2 forward pass (HF modeling_qwen2 maths), for one unpadded batch."""
+    model = onnx.load(str(model_dir / "model.onnx"))
+    w = {t.name: numpy_helper.to_array(t).astype(np.float64) for t in model.graph.initializer}
+    eps = config["rms_norm_eps"]
+    heads, kv_heads, head_dim = (
+        config["num_attention_heads"],
+        config["num_key_value_heads"],
+        config["head_dim"],
+    )
+
+    def rms_norm(x: np.ndarray, weight: np.ndarray) -> np.ndarray:
+        return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * weight
+
+    def rotate_half(x: np.ndarray) -> np.ndarray:
+        half = x.shape[-1] // 2
+        return np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+
+    batch, seq = input_ids.shape
+    inv_freq = 1.0 / config["rope_theta"] ** (np.arange(0, head_dim, 2) / head_dim)
+    emb = np.concatenate([np.outer(np.arange(seq), inv_freq)] * 2, axis=-1)
+    cos, sin = np.cos(emb), np.sin(emb)
+    causal = np.tril(np.ones((seq, seq), dtype=bool))
+
+    h = w["model.embed_tokens.weight"][input_ids]
+    for layer in range(config["num_hidden_layers"]):
+        p = f"model.layers.{layer}"
+        x = rms_norm(h, w[f"{p}.input_layernorm.weight"])
+
+        def proj(name: str, n: int, x: np.ndarray = x, p: str = p) -> np.ndarray:
+            y = x @ w[f"{p}.self_attn.{name}.weight"] + w[f"{p}.self_attn.{name}.bias"]
+            return y.reshape(batch, seq, n, head_dim).transpose(0, 2, 1, 3)
+
+        q, k, v = (
+            proj("q_proj", heads),
+            proj("k_proj", kv_heads),
+            proj("v_proj", kv_heads),
+        )
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        # HF repeat_kv: query head i uses kv head i // n_rep.
+        k = np.repeat(k, heads // kv_heads, axis=1)
+        v = np.repeat(v, heads // kv_heads, axis=1)
+        scores = q @ k.transpose(0, 1, 3, 2) / np.sqrt(head_dim)
+        scores = np.where(causal, scores, -np.inf)
+        probs = np.exp(scores - scores.max(-1, keepdims=True))
+        probs /= probs.sum(-1, keepdims=True)
+        context = (probs @ v).transpose(0, 2, 1, 3).reshape(batch, seq, heads * head_dim)
+        h = h + context @ w[f"{p}.self_attn.o_proj.weight"]
+
+        x = rms_norm(h, w[f"{p}.post_attention_layernorm.weight"])
+        gate = x @ w[f"{p}.mlp.gate_proj.weight"]
+        up = x @ w[f"{p}.mlp.up_proj.weight"]
+        h = h + (gate / (1 + np.exp(-gate)) * up) @ w[f"{p}.mlp.down_proj.weight"]
+
+    h = rms_norm(h, w["model.norm.weight"])
+    return h @ w["lm_head.weight"] + w["lm_head.bias"]
+
+
+def test_matches_numpy_reference(session: ort.InferenceSession, config: dict, model_dir: Path) -> None:
+    ids = random_prompt(config, 16, seed=7)
+    logits, _ = forward(session, config, ids)
+    expected = reference_logits(model_dir, config, ids)
+    np.testing.assert_allclose(logits, expected, rtol=1e-4, atol=1e-3)
+
+
+def test_kv_cache_matches_full_forward(session: ort.InferenceSession, config: dict) -> None:
+    ids = random_prompt(config, 20)
+    full, full_present = forward(session, config, ids)
+    assert full.shape == (1, 20, config["vocab_size"])
+    assert full_present["past_key_values.0.key"].shape == (
+        1,
+        config["num_key_value_heads"],
+        20,
+        config["head_dim"],
+    )
+
+    # Prefill 5 tokens, then decode the rest one at a time.
+    prefill = 5
+    logits, past = forward(session, config, ids[:, :prefill])
+    steps = [logits]
+    for t in range(prefill, 20):
+        logits, past = forward(session, config, ids[:, t : t + 1], past=past)
+        assert past["past_key_values.1.value"].shape[2] == t + 1
+        steps.append(logits)
+    incremental = np.concatenate(steps, axis=1)
+    np.testing.assert_allclose(incremental, full, rtol=1e-5, atol=1e-4)
+    for name, value in full_present.items():
+        np.testing.assert_allclose(past[name], value, rtol=1e-5, atol=1e-5, err_msg=name)
+
+    # Chunked prefill: two chunks of 10.
+    first, past = forward(session, config, ids[:, :10])
+    second, _ = forward(session, config, ids[:, 10:], past=past)
+    np.testing.assert_allclose(np.concatenate([first, second], axis=1), full, rtol=1e-5, atol=1e-4)
+
+
+def test_left_padding_matches_unpadded(session: ort.InferenceSession, config: dict, tokenizer: Tokenizer) -> None:
+    long_ids = tokenizer.encode("The keeper climbed the stairs at dusk with a lantern.").ids
+    short_ids = tokenizer.encode("Grüße aus München 🚀").ids
+    assert len(short_ids) < len(long_ids)
+    pad = len(long_ids) - len(short_ids)
+    pad_id = config["pad_token_id"]
+
+    input_ids = np.array([long_ids, [pad_id] * pad + short_ids])
+    attention_mask = np.array([[1] * len(long_ids), [0] * pad + [1] * len(short_ids)])
+    # HF convention: positions count real tokens only; padded slots get 1.
+    position_ids = np.where(attention_mask == 1, np.cumsum(attention_mask, axis=1) - 1, 1)
+    batch_logits, batch_past = forward(session, config, input_ids, attention_mask, position_ids)
+    assert np.isfinite(batch_logits).all()  # fully masked padding rows must not be NaN
+
+    alone_long, long_past = forward(session, config, np.array([long_ids]))
+    alone_short, short_past = forward(session, config, np.array([short_ids]))
+    np.testing.assert_allclose(batch_logits[0, -1], alone_long[0, -1], rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(batch_logits[1, -1], alone_short[0, -1], rtol=1e-5, atol=1e-4)
+
+    # One decode step through the padded cache still matches.
+    next_ids = np.array([[11], [12]])
+    step_mask = np.concatenate([attention_mask, np.ones((2, 1), dtype=np.int64)], axis=1)
+    step_positions = position_ids[:, -1:] + 1
+    step_logits, _ = forward(session, config, next_ids, step_mask, step_positions, past=batch_past)
+    ref_long, _ = forward(session, config, next_ids[:1], past=long_past)
+    ref_short, _ = forward(session, config, next_ids[1:], past=short_past)
+    np.testing.assert_allclose(step_logits[0, -1], ref_long[0, -1], rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(step_logits[1, -1], ref_short[0, -1], rtol=1e-5, atol=1e-4)
+
+
+def test_far_positions_are_finite_and_relative(session: ort.InferenceSession, config: dict) -> None:
+    ids = random_prompt(config, 6, seed=3)
+    base = 7990
+    # Short past at positions 7990..7992, then a 3-token chunk ending at 7995,
+    # and a single step at the very last position.
+    _, past = forward(session, config, ids[:, :3], position_ids=np.arange(base, base + 3)[None])
+    far, past = forward(
+        session,
+        config,
+        ids[:, 3:],
+        position_ids=np.arange(base + 3, base + 6)[None],
+        past=past,
+    )
+    last, _ = forward(session, config, ids[:, :1], position_ids=np.array([[8191]]), past=past)
+    assert np.isfinite(far).all() and np.isfinite(last).all()
+
+    # RoPE only encodes relative offsets, so shifting every position by a
+    # constant changes the logits by float32 rounding of the angles only.
+    near, _ = forward(session, config, ids)
+    np.testing.assert_allclose(far, near[:, 3:], rtol=1e-4, atol=0.01)
+
+
+def test_greedy_generation_runs_long_without_eos(
+    session: ort.InferenceSession, config: dict, tokenizer: Tokenizer, model_dir: Path
+) -> None:
+    generation = json.loads((model_dir / "generation_config.json").read_text(encoding="utf-8"))
+    stop_ids = set(generation["eos_token_id"]) | {tokenizer.token_to_id(t) for t in SPECIAL_TOKENS}
+    prompt = tokenizer.encode("<|im_start|>user\nTell me a story.<|im_end|>\n<|im_start|>assistant\n").ids
+
+    logits, past = forward(session, config, np.array([prompt]))
+    generated: list[int] = []
+    for _ in range(300):
+        token = int(np.argmax(logits[0, -1]))
+        generated.append(token)
+        logits, past = forward(session, config, np.array([[token]]), past=past)
+
+    assert not stop_ids & set(generated)
+    assert len(set(generated)) > 30, f"only {len(set(generated))} distinct tokens"
+    assert len(tokenizer.decode(generated)) > 300
+
+
+# --------------------------------------------------------------------------- #
+# Tokenizer and chat template
+# --------------------------------------------------------------------------- #
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Hello, world! The quick brown fox jumps over the lazy dog.",
+        "  leading spaces, trailing tabs\t\nand\r\nnew lines  ",
+        "Grüße aus München, Ærøskøbing – café naïve façade, où est l'hôtel ?",  # noqa: RUF001
+        "我们明天早上八点在火车站见面。今日はとても良い天気ですね。오늘은 날씨가 좋습니다.",
+        "Emoji 😀🎉🚀 ❤️ 👨‍👩‍👧‍👦 🇩🇪 and rare ones 🦩🪐",
+        "Unseen bytes: \x00\x07 ∮ E⋅da = Q, 𝔘𝔫𝔦𝔠𝔬𝔡𝔢",  # noqa: RUF001
+    ],
+)
+def test_tokenizer_round_trips(tokenizer: Tokenizer, text: str) -> None:
+    ids = tokenizer.encode(text).ids
+    assert tokenizer.decode(ids) == text
+    assert tokenizer.decode(ids, skip_special_tokens=False) == text
+
+
+def test_tokenizer_merges_common_text(tokenizer: Tokenizer) -> None:
+    # A trained BPE should need far fewer tokens than bytes on in-domain text.
+    text = "The train left the station and the children played in the garden."
+    assert len(tokenizer.encode(text).ids) < len(text.encode()) / 2
+
+
+def test_special_tokens_are_single_ids(tokenizer: Tokenizer, config: dict) -> None:
+    ids = [tokenizer.token_to_id(t) for t in SPECIAL_TOKENS]
+    assert len(set(ids)) == len(SPECIAL_TOKENS)
+    assert all(i is not None and 0 <= i < config["vocab_size"] for i in ids)
+    for token, token_id in zip(SPECIAL_TOKENS, ids, strict=True):
+        assert tokenizer.encode(token).ids == [token_id]
+        assert tokenizer.encode(f"a{token}b").ids.count(token_id) == 1
+    # skip_special_tokens removes them on decode.
+    assert tokenizer.decode(tokenizer.encode("hi<|im_end|>").ids) == "hi"
+
+
+def test_chat_template_renders_chatml(model_dir: Path, tokenizer: Tokenizer) -> None:
+    tok_config = json.loads((model_dir / "tokenizer_config.json").read_text(encoding="utf-8"))
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    template = env.from_string(tok_config["chat_template"])
+    messages = [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "Wie geht's? 😀"},
+    ]
+    rendered = template.render(messages=messages, add_generation_prompt=True)
+    assert rendered == (
+        "<|im_start|>system\nYou are terse.<|im_end|>\n"
+        "<|im_start|>user\nWie geht's? 😀<|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
+    assert template.render(messages=messages, add_generation_prompt=False).endswith("😀<|im_end|>\n")
+
+    ids = tokenizer.encode(rendered).ids
+    im_start, im_end = (
+        tokenizer.token_to_id("<|im_start|>"),
+        tokenizer.token_to_id("<|im_end|>"),
+    )
+    assert ids[0] == im_start
+    assert ids.count(im_start) == 3 and ids.count(im_end) == 2
+    assert tokenizer.decode(ids, skip_special_tokens=False) == rendered

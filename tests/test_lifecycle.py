@@ -1,0 +1,235 @@
+"""The transition table of chapter 7.2, row by row, through the lifecycle module."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tasks_app import lifecycle
+from tasks_app.exceptions import ServerRestarted, TaskNotFound, TransitionNotAllowed
+from tasks_app.models import ResponseStatus, Task, TaskEvent, TaskStatus
+
+S = TaskStatus
+ALL = list(S)
+FAILURE = ServerRestarted("test failure").to_problem()
+
+# The way from `queued` to each status, using only allowed moves.
+PATHS: dict[TaskStatus, list[TaskStatus]] = {
+    S.QUEUED: [],
+    S.LOADING: [S.LOADING],
+    S.RUNNING: [S.LOADING, S.RUNNING],
+    S.CANCELLING: [S.LOADING, S.CANCELLING],
+    S.SUCCEEDED: [S.LOADING, S.RUNNING, S.SUCCEEDED],
+    S.FAILED: [S.FAILED],
+    S.CANCELLED: [S.CANCELLED],
+}
+ALLOWED = {
+    (S.QUEUED, S.LOADING),
+    (S.QUEUED, S.CANCELLED),
+    (S.QUEUED, S.FAILED),
+    (S.LOADING, S.RUNNING),
+    (S.LOADING, S.CANCELLING),
+    (S.LOADING, S.FAILED),
+    (S.RUNNING, S.SUCCEEDED),
+    (S.RUNNING, S.FAILED),
+    (S.RUNNING, S.CANCELLING),
+    (S.CANCELLING, S.CANCELLED),
+}
+
+
+def move(task_id: str, to: TaskStatus, **kwargs) -> lifecycle.TransitionResult:
+    if to == S.FAILED:
+        kwargs.setdefault("error", FAILURE)
+    return lifecycle.task_transition(task_id=task_id, to=to, **kwargs)
+
+
+@pytest.fixture
+def new_task(make_client, demo_model):
+    client, _ = make_client()
+
+    def make(status: TaskStatus = S.QUEUED) -> Task:
+        task = lifecycle.task_insert(client=client, request={"model": "demo", "input": "x"}, model="demo")
+        for step in PATHS[status]:
+            assert move(task.id, step).won
+        return Task.objects.select_related("response").get(pk=task.id)
+
+    return make
+
+
+def events_of(task: Task) -> list[dict]:
+    return [json.loads(e.payload) for e in TaskEvent.objects.filter(task=task).order_by("sequence_number")]
+
+
+def test_table_is_chapter_7_2():
+    table = {(src, dst) for src, targets in lifecycle.TRANSITIONS.items() for dst in targets}
+    assert table == ALLOWED
+    assert lifecycle.TERMINAL == {S.SUCCEEDED, S.FAILED, S.CANCELLED}
+
+
+@pytest.mark.parametrize("source", ALL)
+@pytest.mark.parametrize("target", ALL)
+def test_every_pair_of_states(new_task, source, target):
+    task = new_task(source)
+    before = len(events_of(task))
+    if (source, target) in ALLOWED:
+        result = move(task.id, target, sources=[source])
+        assert result.won
+        task.refresh_from_db()
+        assert task.status == target
+    else:
+        with pytest.raises(TransitionNotAllowed):
+            move(task.id, target, sources=[source])
+        task.refresh_from_db()
+        assert task.status == source
+        assert len(events_of(task)) == before
+
+
+@pytest.mark.parametrize("terminal", [S.SUCCEEDED, S.FAILED, S.CANCELLED])
+@pytest.mark.parametrize("target", [S.LOADING, S.RUNNING, S.CANCELLING, S.SUCCEEDED, S.FAILED, S.CANCELLED])
+def test_terminal_states_never_change(new_task, terminal, target):
+    task = new_task(terminal)
+    before = events_of(task)
+    # Ask with every source the table allows for the target: the task's own
+    # (terminal) status is never among them, so the compare-and-set loses.
+    result = move(task.id, target)
+    assert not result.won
+    assert result.task.status == terminal
+    task.refresh_from_db()
+    assert task.status == terminal
+    assert events_of(task) == before
+    with pytest.raises(TransitionNotAllowed):
+        move(task.id, target, sources=[terminal])
+
+
+def test_lost_compare_and_set_reports_current_state(new_task):
+    task = new_task(S.RUNNING)
+    assert move(task.id, S.CANCELLING, sources=[S.RUNNING]).won
+    lost = move(task.id, S.SUCCEEDED, sources=[S.RUNNING])
+    assert not lost.won
+    assert lost.task.status == S.CANCELLING
+    assert lost.events == ()
+
+
+def test_creation_writes_event_zero_with_queued_response(new_task):
+    task = new_task()
+    [event] = events_of(task)
+    assert event["type"] == "response.created"
+    assert event["sequence_number"] == 0
+    assert event["response"]["id"] == task.response_id
+    assert event["response"]["status"] == "queued"
+    assert task.last_sequence == 0
+
+
+def test_full_run_numbers_events_contiguously(new_task):
+    task = new_task(S.LOADING)
+    running = move(
+        task.id,
+        S.RUNNING,
+        events=[("response.output_item.added", {"output_index": 0}), ("response.content_part.added", {})],
+    )
+    assert [e.type for e in running.events] == [
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+    ]
+    deltas = lifecycle.task_append_events(
+        task_id=task.id, events=[("response.output_text.delta", {"delta": d}) for d in ("a", "b", "c")]
+    )
+    assert deltas.won
+    done = move(
+        task.id,
+        S.SUCCEEDED,
+        events=[("response.output_text.done", {"text": "abc"})],
+        response_changes={"status": ResponseStatus.INCOMPLETE, "incomplete_details": {"reason": "max_output_tokens"}},
+    )
+    assert done.won
+    log = events_of(task)
+    assert [e["sequence_number"] for e in log] == list(range(len(log)))
+    assert log[-1]["type"] == "response.incomplete"
+    assert log[-1]["response"]["status"] == "incomplete"
+    assert log[-1]["response"]["incomplete_details"] == {"reason": "max_output_tokens"}
+    task.refresh_from_db()
+    assert task.last_sequence == len(log) - 1
+    assert task.response.status == ResponseStatus.INCOMPLETE
+
+
+def test_failure_stores_problem_on_task_and_response(new_task):
+    task = new_task(S.RUNNING)
+    move(task.id, S.FAILED, error=FAILURE)
+    task.refresh_from_db()
+    assert task.error["code"] == "server_restarted"
+    assert task.response.status == ResponseStatus.FAILED
+    assert task.response.error["code"] == "server_restarted"
+    assert events_of(task)[-1]["type"] == "response.failed"
+
+
+def test_failed_needs_an_error(new_task):
+    task = new_task()
+    with pytest.raises(TransitionNotAllowed):
+        lifecycle.task_transition(task_id=task.id, to=S.FAILED)
+
+
+def test_append_events_refused_after_cancel(new_task):
+    task = new_task(S.RUNNING)
+    move(task.id, S.CANCELLING)
+    result = lifecycle.task_append_events(task_id=task.id, events=[("response.output_text.delta", {"delta": "x"})])
+    assert not result.won
+    assert [e["type"] for e in events_of(task)][-1] == "response.in_progress"
+
+
+def test_append_events_to_terminal_status_is_a_programming_error(new_task):
+    task = new_task(S.RUNNING)
+    with pytest.raises(TransitionNotAllowed):
+        lifecycle.task_append_events(task_id=task.id, expected=[S.SUCCEEDED], events=[("x", {})])
+
+
+def test_only_succeeded_chooses_the_response_status(new_task):
+    task = new_task(S.RUNNING)
+    with pytest.raises(TransitionNotAllowed):
+        move(task.id, S.CANCELLING, response_changes={"status": ResponseStatus.COMPLETED})
+
+
+def test_unknown_task(db):
+    with pytest.raises(TaskNotFound):
+        lifecycle.task_transition(task_id="task_01ARZ3NDEKTSV4RRFFQ69G5FAV", to=S.LOADING)
+
+
+def test_database_refuses_a_second_terminal_event(new_task):
+    from django.db import IntegrityError, transaction
+    from django.utils import timezone
+
+    task = new_task(S.CANCELLED)
+    with pytest.raises(IntegrityError), transaction.atomic():
+        TaskEvent.objects.create(
+            task=task, sequence_number=99, type="response.completed", payload="{}", created_at=timezone.now()
+        )
+
+
+def test_database_refuses_a_duplicate_sequence_number(new_task):
+    from django.db import IntegrityError, transaction
+    from django.utils import timezone
+
+    task = new_task()
+    with pytest.raises(IntegrityError), transaction.atomic():
+        TaskEvent.objects.create(
+            task=task, sequence_number=0, type="response.output_text.delta", payload="{}", created_at=timezone.now()
+        )
+
+
+def test_database_refuses_an_unknown_status(new_task):
+    from django.db import IntegrityError, transaction
+
+    task = new_task()
+    with pytest.raises(IntegrityError), transaction.atomic():
+        Task.objects.filter(pk=task.pk).update(status="paused")
+
+
+def test_delta_batch_query_count(new_task, django_assert_max_num_queries):
+    """A batch of deltas costs the same few statements whatever its size."""
+    task = new_task(S.RUNNING)
+    events = [("response.output_text.delta", {"delta": str(i)}) for i in range(32)]
+    # UPDATE task, SELECT task+response, INSERT events (+ savepoint statements
+    # the test transaction adds around the atomic block).
+    with django_assert_max_num_queries(5):
+        assert lifecycle.task_append_events(task_id=task.id, events=events).won
