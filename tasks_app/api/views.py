@@ -35,7 +35,8 @@ class ScopedAPIView(APIView):
 
     @property
     def required_scopes(self) -> tuple[str, ...] | None:
-        return self.scopes_by_method.get(self.request.method, ())
+        method = "GET" if self.request.method == "HEAD" else self.request.method
+        return self.scopes_by_method.get(method, ())
 
 
 def _validated(serializer_class, data):
