@@ -9,6 +9,8 @@ from __future__ import annotations
 from django.db import models
 from django.db.models import Q
 
+from tasks_app.fields import JSONTextField
+
 
 class TaskType(models.TextChoices):
     RESPONSE = "response", "response"
@@ -145,7 +147,7 @@ class ModelRecord(models.Model):
     size_bytes = models.BigIntegerField()
     digest = models.CharField(max_length=71, help_text="sha256:<hex> over the per-file digests")
     files = models.JSONField(default=dict, help_text="{file: {size, mtime_ns, sha256}}")
-    capabilities = models.JSONField(default=dict)
+    capabilities = JSONTextField(default=dict)
     config = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
@@ -170,12 +172,12 @@ class Response(models.Model):
     client = models.ForeignKey(Client, on_delete=models.PROTECT, related_name="responses")
     model = models.CharField(max_length=200)
     status = models.CharField(max_length=20, choices=ResponseStatus.choices, default=ResponseStatus.QUEUED)
-    request = models.JSONField(help_text="The validated response request")
-    output = models.JSONField(default=list)
-    usage = models.JSONField(null=True, blank=True)
-    error = models.JSONField(null=True, blank=True)
-    incomplete_details = models.JSONField(null=True, blank=True)
-    metadata = models.JSONField(default=dict, blank=True)
+    request = JSONTextField(help_text="The validated response request")
+    output = JSONTextField(default=list)
+    usage = JSONTextField(null=True, blank=True)
+    error = JSONTextField(null=True, blank=True)
+    incomplete_details = JSONTextField(null=True, blank=True)
+    metadata = JSONTextField(default=dict, blank=True)
     created_at = models.DateTimeField()
     updated_at = models.DateTimeField()
 
@@ -200,7 +202,7 @@ class Task(models.Model):
     response = models.OneToOneField(Response, on_delete=models.PROTECT, related_name="task")
     last_sequence = models.IntegerField(default=0, help_text="sequence_number of the newest event")
     attempts = models.IntegerField(default=0, help_text="How many times a worker started the task")
-    error = models.JSONField(null=True, blank=True)
+    error = JSONTextField(null=True, blank=True)
     worker = models.CharField(max_length=200, blank=True, default="", help_text="Worker holding the task")
     heartbeat_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField()
@@ -268,8 +270,8 @@ class IdempotencyKey(models.Model):
     request_hash = models.CharField(max_length=64)
     state = models.CharField(max_length=20, choices=IdempotencyState.choices)
     response_status = models.IntegerField(null=True, blank=True)
-    response_body = models.JSONField(null=True, blank=True)
-    response_headers = models.JSONField(default=dict, blank=True)
+    response_body = JSONTextField(null=True, blank=True)
+    response_headers = JSONTextField(default=dict, blank=True)
     created_at = models.DateTimeField()
     expires_at = models.DateTimeField()
 

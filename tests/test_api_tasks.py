@@ -151,6 +151,8 @@ def test_failed_task_carries_its_problem(api):
     assert body["response"] is None
     assert body["error"]["code"] == "backend_error"
     assert body["error"]["status"] == 500
+    # Key order survives the database (PostgreSQL's jsonb would sort keys).
+    assert list(body["error"]) == ["type", "title", "status", "detail", "code"]
 
 
 # --- cancel (7.3) -------------------------------------------------------------

@@ -28,7 +28,7 @@ def test_replay_returns_the_first_reply(api):
     again = post(api, BODY, "key-1")
     assert again.status_code == 202
     assert again["Idempotent-Replayed"] == "true"
-    assert again.json() == first.json()
+    assert again.content == first.content  # byte for byte, on every database
     assert again["Location"] == first["Location"]
     assert Task.objects.count() == 1
     assert TaskEvent.objects.count() == 1

@@ -62,3 +62,21 @@ def complete_all(database_url: str, task_ids: list[str], barrier: Any, results: 
         assert stopped.won
         outcome["acknowledged_cancel"] += 1
     results.put(("completer", outcome))
+
+
+def create_tasks(database_url: str, client_id: int, count: int, barrier: Any, results: Any) -> None:
+    """Accept ``count`` tasks as the API would (each a read-then-write transaction)."""
+    setup_django(database_url)
+    from tasks_app.models import Client, RestartPolicy
+    from tasks_app.services.tasks import task_create
+
+    client = Client.objects.get(pk=client_id)
+    barrier.wait()
+    created = []
+    for index in range(count):
+        request = {"model": "demo", "input": f"prompt {index}"}
+        reply = task_create(
+            client=client, request=request, on_restart=RestartPolicy.FAIL, idempotency_key=None, request_hash=""
+        )
+        created.append(reply.body["id"])
+    results.put(created)
