@@ -143,6 +143,8 @@ REST_FRAMEWORK = {
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "DEFAULT_CONTENT_NEGOTIATION_CLASS": "tasks_app.api.negotiation.JSONOnlyNegotiation",
     "EXCEPTION_HANDLER": "tasks_app.api.problems.exception_handler",
+    # No OPTIONS self-description: the OpenAPI schema documents the API.
+    "DEFAULT_METADATA_CLASS": None,
     "UNAUTHENTICATED_USER": None,
     "UNAUTHENTICATED_TOKEN": None,
     "DEFAULT_THROTTLE_RATES": {"pair": os.environ.get("LMSP_PAIR_RATE", "10/min")},

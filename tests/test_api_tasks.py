@@ -287,3 +287,18 @@ def test_restart_policy_values(api):
     for policy in RestartPolicy.values:
         headers = {"Idempotency-Key": f"k-{policy}"}
         assert api.create_task(on_restart=policy, headers=headers).json()["on_restart"] == policy
+
+
+def test_unsupported_methods_are_405_even_without_a_token(db):
+    from django.test import Client as HttpClient
+
+    http = HttpClient()
+    for method, path in (
+        ("options", "/lmsp/v1/capabilities"),
+        ("delete", "/lmsp/v1/tasks"),
+        ("put", "/lmsp/v1/models"),
+        ("get", "/lmsp/v1/pair"),
+    ):
+        reply = getattr(http, method)(path)
+        assert reply.status_code == 405, (method, path, reply.content)
+        assert reply.json()["code"] == "method_not_allowed"

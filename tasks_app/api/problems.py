@@ -6,7 +6,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from django.http import HttpRequest, JsonResponse
+from django.http import Http404, HttpRequest, JsonResponse
 from rest_framework import exceptions as drf
 from rest_framework.response import Response
 
@@ -86,8 +86,6 @@ def exception_handler(error: Exception, context: dict[str, Any]) -> Response | N
     elif isinstance(error, drf.APIException):
         problem = _from_drf(error)
     else:
-        from django.http import Http404
-
         if isinstance(error, Http404):
             problem = exc.NotFound("No such resource")
         else:
