@@ -131,6 +131,10 @@ class PayloadTooLarge(LmspError):
 
     status, code, title = 413, "payload_too_large", "Payload too large"
 
+    @classmethod
+    def over(cls, limit: int) -> PayloadTooLarge:
+        return cls(f"The request body exceeds {limit} bytes")
+
 
 class UnsupportedMediaType(LmspError):
     """Raised when a request body is not ``application/json``."""

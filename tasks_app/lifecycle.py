@@ -204,13 +204,12 @@ def _commit(
         # Read after the write: inside this transaction the row is ours
         # (PostgreSQL row lock, SQLite write lock), so the numbers are final.
         try:
-            task = Task.objects.select_related("response").get(pk=task_id)
+            task = Task.objects.get(pk=task_id)
         except Task.DoesNotExist:
             raise TaskNotFound(f"task {task_id} does not exist") from None
         if not won:
             return TransitionResult(won=False, task=task)
 
-        response = task.response
         response_update: dict[str, Any] = dict(response_changes or {})
         if to in _RESPONSE_STATUS:
             response_update["status"] = _RESPONSE_STATUS[to]
@@ -220,14 +219,21 @@ def _commit(
                 raise TransitionNotAllowed("a succeeded task's response is completed or incomplete")
         if error is not None:
             response_update["error"] = dict(error)
-        if response_update:
-            response_update["updated_at"] = now
-            Response.objects.filter(pk=response.pk).update(**response_update)
-            for field, value in response_update.items():
-                setattr(response, field, value)
+        status_event = None
+        if response_update or has_status_event:
+            # Only moves that change or show the response read it: a batch of
+            # deltas need not load the prompt and output it does not touch.
+            response = Response.objects.get(pk=task.response_id)
+            if response_update:
+                response_update["updated_at"] = now
+                Response.objects.filter(pk=response.pk).update(**response_update)
+                for field, value in response_update.items():
+                    setattr(response, field, value)
+            task.response = response
+            if has_status_event:
+                status_event = _status_event(to, response)
 
         specs = list(events)
-        status_event = _status_event(to, response) if has_status_event else None
         if status_event is not None:
             # in_progress opens a run, before the caller's opening events;
             # a terminal event closes the log, after everything else.

@@ -31,11 +31,11 @@ class RequestSizeLimitMiddleware:
             except ValueError:
                 return problem_json_response(InvalidRequest("Content-Length is not a number"), request)
             if length > limit:
-                return problem_json_response(PayloadTooLarge(f"The request body exceeds {limit} bytes"), request)
+                return problem_json_response(PayloadTooLarge.over(limit), request)
         elif "chunked" in request.META.get("HTTP_TRANSFER_ENCODING", "").lower():
             body = request.read(limit + 1)
             if len(body) > limit:
-                return problem_json_response(PayloadTooLarge(f"The request body exceeds {limit} bytes"), request)
+                return problem_json_response(PayloadTooLarge.over(limit), request)
             request._stream = io.BytesIO(body)
             request._read_started = False
             request.META["CONTENT_LENGTH"] = str(len(body))

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from django.db.models import Q, QuerySet
 
 from tasks_app.exceptions import ModelNotFound, ResponseNotFound, TaskNotFound
-from tasks_app.models import Client, ModelRecord, Response, Task
+from tasks_app.models import Client, ModelRecord, Response, Task, TaskStatus
 
 
 def _sees_all(client: Client) -> bool:
@@ -43,7 +43,7 @@ class Page:
 
 def task_list_visible(*, client: Client, statuses: list[str] | None, after: str | None, limit: int) -> Page:
     """Newest first; ``after`` is the id of the last task of the previous page."""
-    qs: QuerySet[Task] = Task.objects.select_related("response")
+    qs: QuerySet[Task] = Task.objects.all()
     if not _sees_all(client):
         qs = qs.filter(client=client)
     if statuses:
@@ -52,7 +52,18 @@ def task_list_visible(*, client: Client, statuses: list[str] | None, after: str 
         # Ids are ULIDs: id order is creation order.
         qs = qs.filter(id__lt=after)
     rows = list(qs.order_by("-id")[: limit + 1])
-    return Page(items=rows[:limit], has_more=len(rows) > limit)
+    items = rows[:limit]
+    _attach_succeeded_responses(items)
+    return Page(items=items, has_more=len(rows) > limit)
+
+
+def _attach_succeeded_responses(tasks: list[Task]) -> None:
+    """Load, in one query, the responses the task objects show (only succeeded
+    tasks show theirs); the others' prompts and outputs stay in the database."""
+    wanted = {task.response_id: task for task in tasks if task.status == TaskStatus.SUCCEEDED}
+    if wanted:
+        for response in Response.objects.filter(pk__in=wanted):
+            wanted[response.pk].response = response
 
 
 def _name_candidates(name: str) -> list[str]:

@@ -257,9 +257,18 @@ def test_list_default_limit_is_20(api):
 def test_list_query_count_does_not_grow_with_the_page(api, django_assert_max_num_queries):
     for _ in range(30):
         api.create_task()
-    # auth lookup + page (with responses joined); the last-used write is rate-limited.
+    done = Task.objects.order_by("id")[:2]
+    for task in done:
+        advance(task.id, S.LOADING, S.RUNNING, S.SUCCEEDED)
+    # auth lookup, the page, the succeeded tasks' responses in one query; the
+    # last-used write is rate-limited.
     with django_assert_max_num_queries(3):
-        assert len(api.get("/lmsp/v1/tasks", limit=30).json()["data"]) == 30
+        page = api.get("/lmsp/v1/tasks", limit=30).json()["data"]
+    assert len(page) == 30
+    shown = {t["id"]: t["response"] for t in page if t["status"] == "succeeded"}
+    assert set(shown) == {t.id for t in done}
+    assert all(r is not None and r["status"] == "completed" for r in shown.values())
+    assert all(t["response"] is None for t in page if t["status"] != "succeeded")
 
 
 def test_create_query_count(api, django_assert_max_num_queries):

@@ -38,7 +38,7 @@ class StrictJSONParser(BaseParser):
         limit = settings.LMSP_MAX_REQUEST_BYTES
         raw = stream.read(limit + 1) if stream is not None else b""
         if len(raw) > limit:
-            raise PayloadTooLarge(f"The request body exceeds {limit} bytes")
+            raise PayloadTooLarge.over(limit)
         try:
             text = raw.decode("utf-8")
             data = json.loads(text, parse_constant=_no_constants, object_pairs_hook=_unique_keys)

@@ -62,7 +62,7 @@ class TaskCollectionView(ScopedAPIView):
             request=data["input"],
             on_restart=data["on_restart"],
             idempotency_key=key,
-            request_hash=request_digest(request.data),
+            request_hash=request_digest(request.data) if key is not None else None,
         )
         headers = dict(reply.headers)
         if reply.replayed:

@@ -44,7 +44,7 @@ def task_create(
     request: Mapping[str, Any],
     on_restart: RestartPolicy,
     idempotency_key: str | None,
-    request_hash: str,
+    request_hash: str | None,
 ) -> Reply:
     """Accept a task: task, response, event 0 and idempotency record in one transaction.
 
@@ -59,6 +59,8 @@ def task_create(
     with transaction.atomic():
         claim = None
         if idempotency_key is not None:
+            if request_hash is None:
+                raise ValueError("an idempotency key needs the request's digest")
             claim = idempotency_claim(
                 client=client, endpoint=TASKS_ENDPOINT, key=idempotency_key, request_hash=request_hash
             )

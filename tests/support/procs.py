@@ -76,7 +76,7 @@ def create_tasks(database_url: str, client_id: int, count: int, barrier: Any, re
     for index in range(count):
         request = {"model": "demo", "input": f"prompt {index}"}
         reply = task_create(
-            client=client, request=request, on_restart=RestartPolicy.FAIL, idempotency_key=None, request_hash=""
+            client=client, request=request, on_restart=RestartPolicy.FAIL, idempotency_key=None, request_hash=None
         )
         created.append(reply.body["id"])
     results.put(created)
