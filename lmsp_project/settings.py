@@ -168,6 +168,67 @@ LMSP_CLIENT_LAST_USED_RESOLUTION_SECONDS = _env_int("LMSP_CLIENT_LAST_USED_RESOL
 # Whether the SSE endpoint exists; it is advertised as `event_resume`.
 LMSP_EVENT_RESUME = _env_bool("LMSP_EVENT_RESUME", False)
 
+# Prefix of every Redis key, queue and channel this installation uses, so two
+# installations (or a test run) can share one Redis server.
+LMSP_REDIS_PREFIX = os.environ.get("LMSP_REDIS_PREFIX", "lmsp")
+# The Celery queue that carries task ids to workers.
+LMSP_TASK_QUEUE = os.environ.get("LMSP_TASK_QUEUE", LMSP_REDIS_PREFIX)
+
+# --- Workers ----------------------------------------------------------------
+# Inference device: auto (CUDA when it really loads, else CPU), cpu or cuda.
+LMSP_DEVICE = os.environ.get("LMSP_DEVICE", "auto")
+LMSP_DEVICE_ID = _env_int("LMSP_DEVICE_ID", 0)
+if LMSP_DEVICE not in {"auto", "cpu", "cuda"}:
+    raise ImproperlyConfigured(f"LMSP_DEVICE must be auto, cpu or cuda, got {LMSP_DEVICE!r}")
+# Deltas are committed in batches: whichever comes first, this many tokens or
+# this much time since the batch's first token.
+LMSP_DELTA_BATCH_TOKENS = _env_int("LMSP_DELTA_BATCH_TOKENS", 16)
+LMSP_DELTA_BATCH_MS = _env_int("LMSP_DELTA_BATCH_MS", 50)
+# A worker holding a task writes its heartbeat at least this often.
+LMSP_HEARTBEAT_SECONDS = _env_int("LMSP_HEARTBEAT_SECONDS", 10)
+# Models kept loaded per worker process (least recently used goes first).
+LMSP_WORKER_MAX_MODELS = _env_int("LMSP_WORKER_MAX_MODELS", 2)
+# ONNX Runtime intra-op threads per worker process (0: ONNX Runtime's default,
+# one per core; set it when several CPU workers share a machine).
+LMSP_INTRA_OP_THREADS = _env_int("LMSP_INTRA_OP_THREADS", 0)
+# Prompt tokens fed to the model per prefill call.
+LMSP_PREFILL_CHUNK = _env_int("LMSP_PREFILL_CHUNK", 512)
+# The sweeper (Celery beat) re-dispatches queued tasks whose message is not
+# known to be in the broker, this often, once they are this old.
+LMSP_SWEEP_INTERVAL_SECONDS = _env_int("LMSP_SWEEP_INTERVAL_SECONDS", 10)
+LMSP_SWEEP_GRACE_SECONDS = _env_int("LMSP_SWEEP_GRACE_SECONDS", 5)
+# How long a dispatch marker vouches for a message in the broker; after that
+# a still-queued task is dispatched again (a duplicate is dropped by the claim).
+LMSP_DISPATCH_MARKER_TTL_SECONDS = _env_int("LMSP_DISPATCH_MARKER_TTL_SECONDS", 3600)
+# POST /responses (stream=false) waits for the task; it polls at most this often.
+LMSP_SYNC_POLL_MS = _env_int("LMSP_SYNC_POLL_MS", 250)
+
+# --- Celery (read by lmsp_project.celery with the CELERY_ namespace) --------
+# docs/workers.md explains every choice; the short form: the database decides
+# what runs, so a message is only a hint that a task id may be claimable.
+CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL") or REDIS_URL
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_BROKER_CONNECTION_TIMEOUT = 2
+CELERY_BROKER_TRANSPORT_OPTIONS = {
+    # A generation may run for hours; an unacked message comes back only
+    # after this, and is then dropped by the claim (the task is not queued).
+    "visibility_timeout": _env_int("LMSP_BROKER_VISIBILITY_TIMEOUT_SECONDS", 12 * 3600),
+    "socket_connect_timeout": 2,
+}
+CELERY_TASK_DEFAULT_QUEUE = LMSP_TASK_QUEUE
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = False
+CELERY_TASK_ACKS_ON_FAILURE_OR_TIMEOUT = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_WORKER_DISABLE_PREFETCH = True
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_RESULT_BACKEND = None
+CELERY_TASK_SERIALIZER = "json"
+CELERY_ACCEPT_CONTENT = ["json"]
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+CELERY_WORKER_SEND_TASK_EVENTS = False
+CELERY_BEAT_SCHEDULE_FILENAME = str(DATA_DIR / "celerybeat-schedule")
+
 # Django's own body limit (admin forms); the API limit is enforced above.
 DATA_UPLOAD_MAX_MEMORY_SIZE = LMSP_MAX_REQUEST_BYTES
 

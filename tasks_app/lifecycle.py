@@ -10,7 +10,9 @@ too). Callers learn the outcome from ``TransitionResult.won``.
 
 Events are numbered here and nowhere else: ``tasks.last_sequence`` is bumped by
 the number of events inside the compare-and-set, so sequence numbers stay
-contiguous from 0 per task.
+contiguous from 0 per task. A worker's snapshot (``snapshot=``) is stored in
+the same transaction, and a winning commit is announced on Redis only after
+it commits (``tasks_app.notify``).
 """
 
 from __future__ import annotations
@@ -36,9 +38,11 @@ from tasks_app.models import (
     RestartPolicy,
     Task,
     TaskEvent,
+    TaskSnapshot,
     TaskStatus,
     TaskType,
 )
+from tasks_app.notify import task_changed_on_commit
 from tasks_app.objects import response_object
 
 S = TaskStatus
@@ -177,6 +181,7 @@ def _commit(
     response_changes: Mapping[str, Any] | None,
     task_changes: Mapping[str, Any] | None,
     error: Mapping[str, Any] | None,
+    snapshot: Mapping[str, Any] | None = None,
 ) -> TransitionResult:
     unknown = set(task_changes or {}) - _TASK_FIELDS
     if unknown:
@@ -241,7 +246,19 @@ def _commit(
         rows = _event_rows(task.id, task.last_sequence - count + 1, specs, now)
         if rows:
             TaskEvent.objects.bulk_create(rows)
+        if snapshot is not None:
+            _store_snapshot(task, snapshot, now)
+        task_changed_on_commit(task.id, task.status, task.last_sequence)
     return TransitionResult(won=True, task=task, events=tuple(rows))
+
+
+def _store_snapshot(task: Task, data: Mapping[str, Any], now: datetime) -> None:
+    # UPDATE first: every batch after the first finds the row, so the common
+    # case is one statement, and no read-modify-write race is possible because
+    # the compare-and-set above already holds the task row.
+    fields = {"data": dict(data), "sequence_number": task.last_sequence, "updated_at": now}
+    if not TaskSnapshot.objects.filter(task_id=task.id).update(**fields):
+        TaskSnapshot.objects.create(task_id=task.id, **fields)
 
 
 def task_transition(
@@ -253,6 +270,7 @@ def task_transition(
     response_changes: Mapping[str, Any] | None = None,
     task_changes: Mapping[str, Any] | None = None,
     error: Mapping[str, Any] | None = None,
+    snapshot: Mapping[str, Any] | None = None,
 ) -> TransitionResult:
     """Move a task to ``to`` if it is still in one of ``sources``.
 
@@ -276,6 +294,7 @@ def task_transition(
         response_changes=response_changes,
         task_changes=task_changes,
         error=error,
+        snapshot=snapshot,
     )
 
 
@@ -286,6 +305,7 @@ def task_append_events(
     events: Sequence[tuple[str, Mapping[str, Any]]] = (),
     response_changes: Mapping[str, Any] | None = None,
     task_changes: Mapping[str, Any] | None = None,
+    snapshot: Mapping[str, Any] | None = None,
 ) -> TransitionResult:
     """Append events (and progress) without a status change.
 
@@ -303,4 +323,5 @@ def task_append_events(
         response_changes=response_changes,
         task_changes=task_changes,
         error=None,
+        snapshot=snapshot,
     )

@@ -235,6 +235,25 @@ class Task(models.Model):
         return self.status in TERMINAL_TASK_STATUSES
 
 
+class TaskSnapshot(models.Model):
+    """The newest resumable state of a running task, written with each batch of events.
+
+    Its own table, so that the task row that every list and poll reads stays
+    small while the snapshot (all generated token ids) grows.
+    """
+
+    task = models.OneToOneField(Task, on_delete=models.CASCADE, primary_key=True, related_name="snapshot")
+    sequence_number = models.IntegerField(help_text="The last event the snapshot already accounts for")
+    data = JSONTextField()
+    updated_at = models.DateTimeField()
+
+    class Meta:
+        db_table = "task_snapshots"
+
+    def __str__(self) -> str:
+        return f"{self.task_id}@{self.sequence_number}"
+
+
 class TaskEvent(models.Model):
     """One event of a task's log; ``payload`` is the exact JSON sent to clients."""
 

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+import os
+import shutil
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +17,15 @@ from django.test import Client as HttpClient
 from tasks_app.models import Client, ModelRecord
 from tasks_app.services.clients import client_create
 from tasks_app.services.models import model_scan
+from tests.support.db import database_url
+from tests.support.worker import WorkerProcess, celery_worker
+
+# Every Redis key, queue and channel of this run carries its own prefix, so a
+# test run never touches a running service's queue (or another run's).
+REDIS_PREFIX = f"lmsp-test-{os.getpid()}"
+# Tasks created by tests without a worker go to a queue nobody consumes.
+IDLE_QUEUE = f"{REDIS_PREFIX}-idle"
+WORKER_QUEUE = f"{REDIS_PREFIX}-work"
 
 
 def pytest_report_header(config: pytest.Config) -> str:
@@ -21,6 +33,23 @@ def pytest_report_header(config: pytest.Config) -> str:
 
     db = settings.DATABASES["default"]
     return f"lmsp database: {db['ENGINE'].rsplit('.', 1)[-1]} {db.get('HOST') or ''}"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _redis_namespace() -> Iterator[None]:
+    from django.conf import settings
+
+    from tasks_app.notify import redis_client
+
+    settings.LMSP_REDIS_PREFIX = REDIS_PREFIX
+    settings.LMSP_TASK_QUEUE = IDLE_QUEUE
+    yield
+    try:
+        client = redis_client()
+        for key in client.scan_iter(match=f"*{REDIS_PREFIX}*", count=1000):
+            client.delete(key)
+    except Exception:  # cleanup of a scratch namespace; Redis may be gone
+        pass
 
 
 @pytest.fixture(scope="session")
@@ -102,3 +131,52 @@ def other_api(make_client, demo_model) -> ApiClient:
 
 def is_postgres() -> bool:
     return connection.vendor == "postgresql"
+
+
+@pytest.fixture(scope="session")
+def worker_models_root(tmp_path_factory: pytest.TempPathFactory, demo_models_root: Path) -> Path:
+    """The worker's models folder: the demo model plus whatever a test adds."""
+    root = tmp_path_factory.mktemp("worker-models")
+    shutil.copytree(demo_models_root / "demo", root / "demo")
+    return root
+
+
+@pytest.fixture(scope="session")
+def celery_worker_proc(
+    django_db_setup, django_db_blocker, worker_models_root: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[WorkerProcess]:
+    """One real ``celery worker`` for the session, on the test database."""
+    from django.conf import settings
+
+    with django_db_blocker.unblock():
+        url = database_url()
+    env = {
+        "DATABASE_URL": url,
+        "REDIS_URL": settings.REDIS_URL,
+        "LMSP_REDIS_PREFIX": REDIS_PREFIX,
+        "LMSP_MODELS_DIR": str(worker_models_root),
+        "LMSP_DELTA_BATCH_MS": "20",
+        "LMSP_HEARTBEAT_SECONDS": "1",
+    }
+    log_path = tmp_path_factory.mktemp("worker") / "worker.log"
+    with celery_worker(env=env, queue=WORKER_QUEUE, log_path=log_path) as worker:
+        yield worker
+
+
+@pytest.fixture
+def running_worker(transactional_db, demo_model, celery_worker_proc: WorkerProcess, worker_models_root: Path, settings):
+    """A live worker consuming this test's dispatches; the test's tasks end before the next test."""
+    settings.LMSP_TASK_QUEUE = celery_worker_proc.queue
+    settings.LMSP_MODELS_DIR = worker_models_root
+    model_scan(models_dir=worker_models_root)
+    yield celery_worker_proc
+    from tasks_app.models import ACTIVE_TASK_STATUSES, Task
+    from tasks_app.services.tasks import task_cancel
+
+    for task in Task.objects.filter(status__in=ACTIVE_TASK_STATUSES):
+        task_cancel(task=task)
+    deadline = time.monotonic() + 60
+    while Task.objects.filter(status__in=ACTIVE_TASK_STATUSES).exists():
+        if time.monotonic() > deadline:
+            raise RuntimeError("the worker did not let go of the test's tasks")
+        time.sleep(0.05)

@@ -233,3 +233,48 @@ def test_delta_batch_query_count(new_task, django_assert_num_queries):
     # UPDATE task (compare-and-set), SELECT task, INSERT events.
     with django_assert_num_queries(3):
         assert lifecycle.task_append_events(task_id=task.id, events=events).won
+
+
+def test_a_batch_stores_its_snapshot_with_its_events(new_task):
+    task = new_task(S.RUNNING)
+
+    first = lifecycle.task_append_events(
+        task_id=task.id, events=[("response.output_text.delta", {"delta": "a"})], snapshot={"ids": [1]}
+    )
+    second = lifecycle.task_append_events(
+        task_id=task.id, events=[("response.output_text.delta", {"delta": "b"})], snapshot={"ids": [1, 2]}
+    )
+
+    assert first.won and second.won
+    task.refresh_from_db()
+    assert task.snapshot.data == {"ids": [1, 2]}
+    assert task.snapshot.sequence_number == task.last_sequence == second.events[-1].sequence_number
+
+
+def test_a_lost_batch_writes_neither_events_nor_snapshot(new_task):
+    task = new_task(S.RUNNING)
+    lifecycle.task_append_events(task_id=task.id, snapshot={"ids": [1]})
+    assert move(task.id, S.CANCELLING).won
+    before = TaskEvent.objects.filter(task=task).count()
+
+    lost = lifecycle.task_append_events(
+        task_id=task.id, events=[("response.output_text.delta", {"delta": "late"})], snapshot={"ids": [1, 2, 3]}
+    )
+
+    assert not lost.won
+    assert TaskEvent.objects.filter(task=task).count() == before
+    task.refresh_from_db()
+    assert task.snapshot.data == {"ids": [1]}
+
+
+def test_a_batch_of_deltas_costs_a_fixed_number_of_queries(new_task, django_assert_num_queries):
+    """The worker's hot path: compare-and-set, read back, insert the events, store the snapshot."""
+    task = new_task(S.RUNNING)
+    lifecycle.task_append_events(task_id=task.id, snapshot={"ids": [1]})
+    deltas = [("response.output_text.delta", {"delta": str(n)}) for n in range(16)]
+
+    with django_assert_num_queries(4):
+        result = lifecycle.task_append_events(task_id=task.id, events=deltas, snapshot={"ids": list(range(16))})
+
+    assert result.won
+    assert len(result.events) == 16

@@ -102,6 +102,17 @@ def idempotency_claim(*, client: Client, endpoint: str, key: str, request_hash: 
     raise IdempotencyKeyInUse("The Idempotency-Key is contended; try again")
 
 
+def idempotency_claim_if_keyed(
+    *, client: Client, endpoint: str, key: str | None, request_hash: str | None
+) -> IdempotencyClaim | None:
+    """``idempotency_claim`` for a request that may carry no key (then None)."""
+    if key is None:
+        return None
+    if request_hash is None:
+        raise ValueError("an idempotency key needs the request's digest")
+    return idempotency_claim(client=client, endpoint=endpoint, key=key, request_hash=request_hash)
+
+
 def idempotency_complete(*, record: IdempotencyKey, status: int, body: Any, headers: dict[str, str]) -> None:
     """Store the reply of a claimed key (in the same transaction as the work)."""
     record.state = IdempotencyState.COMPLETED

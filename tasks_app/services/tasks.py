@@ -19,7 +19,8 @@ from tasks_app.exceptions import (
 from tasks_app.models import Client, RestartPolicy, Task, TaskStatus
 from tasks_app.objects import task_object
 from tasks_app.selectors import model_get_by_name
-from tasks_app.services.idempotency import idempotency_claim, idempotency_complete
+from tasks_app.services.dispatch import task_dispatch_on_commit
+from tasks_app.services.idempotency import IdempotencyClaim, idempotency_claim_if_keyed, idempotency_complete
 
 TASKS_ENDPOINT = "tasks"
 
@@ -33,9 +34,39 @@ class Reply:
     headers: dict[str, str] = field(default_factory=dict)
     replayed: bool = False
 
+    @classmethod
+    def replay_of(cls, claim: IdempotencyClaim) -> Reply:
+        return cls(claim.replay_status, claim.replay_body, claim.replay_headers or {}, replayed=True)
+
 
 def task_location(task_id: str) -> str:
     return f"/lmsp/v1/tasks/{task_id}"
+
+
+def task_accept(*, client: Client, request: Mapping[str, Any], on_restart: RestartPolicy) -> Task:
+    """Insert a queued task for ``request`` and dispatch it once the caller's transaction commits.
+
+    Shared by ``POST /tasks`` and ``POST /responses``; must run in a transaction.
+    """
+    model = model_get_by_name(request["model"])
+    if on_restart == RestartPolicy.RESUME and not model.resumable:
+        raise UnsupportedCapability(
+            f"model {model.name!r} has no resumable snapshots; on_restart 'resume' is not available",
+            errors=[{"field": "on_restart", "message": "the model's backend has no resumable snapshots"}],
+        )
+    if Task.objects.filter(status=TaskStatus.QUEUED).count() >= settings.LMSP_MAX_QUEUED_TASKS:
+        retry_after = str(settings.LMSP_QUEUE_FULL_RETRY_AFTER_SECONDS)
+        raise QueueFull("Too many tasks are waiting; try again later", headers={"Retry-After": retry_after})
+    stored_request = {**request, "model": model.name}
+    task = lifecycle.task_insert(
+        client=client,
+        request=stored_request,
+        model=model.name,
+        on_restart=on_restart,
+        metadata=request.get("metadata") or {},
+    )
+    task_dispatch_on_commit(task_id=task.id)
+    return task
 
 
 def task_create(
@@ -57,32 +88,12 @@ def task_create(
             errors=[{"field": "Idempotency-Key", "message": "required when on_restart is 'retry'"}],
         )
     with transaction.atomic():
-        claim = None
-        if idempotency_key is not None:
-            if request_hash is None:
-                raise ValueError("an idempotency key needs the request's digest")
-            claim = idempotency_claim(
-                client=client, endpoint=TASKS_ENDPOINT, key=idempotency_key, request_hash=request_hash
-            )
-            if claim.is_replay:
-                return Reply(claim.replay_status, claim.replay_body, claim.replay_headers or {}, replayed=True)
-        model = model_get_by_name(request["model"])
-        if on_restart == RestartPolicy.RESUME and not model.resumable:
-            raise UnsupportedCapability(
-                f"model {model.name!r} has no resumable snapshots; on_restart 'resume' is not available",
-                errors=[{"field": "on_restart", "message": "the model's backend has no resumable snapshots"}],
-            )
-        if Task.objects.filter(status=TaskStatus.QUEUED).count() >= settings.LMSP_MAX_QUEUED_TASKS:
-            retry_after = str(settings.LMSP_QUEUE_FULL_RETRY_AFTER_SECONDS)
-            raise QueueFull("Too many tasks are waiting; try again later", headers={"Retry-After": retry_after})
-        stored_request = {**request, "model": model.name}
-        task = lifecycle.task_insert(
-            client=client,
-            request=stored_request,
-            model=model.name,
-            on_restart=on_restart,
-            metadata=request.get("metadata") or {},
+        claim = idempotency_claim_if_keyed(
+            client=client, endpoint=TASKS_ENDPOINT, key=idempotency_key, request_hash=request_hash
         )
+        if claim is not None and claim.is_replay:
+            return Reply.replay_of(claim)
+        task = task_accept(client=client, request=request, on_restart=on_restart)
         reply = Reply(202, task_object(task), {"Location": task_location(task.id)})
         if claim is not None:
             idempotency_complete(record=claim.record, status=reply.status, body=reply.body, headers=reply.headers)

@@ -1,0 +1,97 @@
+"""Getting task ids to workers: dispatch after commit, and the sweeper.
+
+The broker is a hint, the database decides: a message carries only a task id,
+and a worker runs it only if its compare-and-set ``queued -> loading`` wins.
+So sending a message twice is harmless, and losing one is repaired by the
+sweeper, which re-sends every queued task that has no dispatch marker.
+
+A dispatch marker (``<prefix>:dispatched:<task id>``, with a TTL) is set after
+a successful send and cleared when a worker takes the message. It lives in the
+same Redis as the queue, so when Redis loses the queue (a restart without
+persistence) it loses the markers too, and the sweeper sends again.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+from functools import partial
+
+import redis
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+from kombu.exceptions import KombuError
+
+from tasks_app.models import Task, TaskStatus
+from tasks_app.notify import key, redis_client
+
+logger = logging.getLogger(__name__)
+
+RUN_TASK = "lmsp.run_task"
+# Checked per sweep, at most; the rest waits for the next sweep.
+SWEEP_BATCH = 500
+
+
+def _marker(task_id: str) -> str:
+    return key("dispatched", task_id)
+
+
+def task_dispatch(*, task_id: str) -> bool:
+    """Send one task id to the workers' queue; False (logged) when the broker is unreachable."""
+    from lmsp_project.celery import app
+
+    try:
+        app.send_task(RUN_TASK, args=[task_id], queue=settings.LMSP_TASK_QUEUE, retry=False)
+    except (KombuError, OSError, redis.RedisError) as exc:
+        logger.warning("could not dispatch task %s (the sweeper will retry): %s", task_id, exc)
+        return False
+    try:
+        redis_client().set(_marker(task_id), "1", ex=settings.LMSP_DISPATCH_MARKER_TTL_SECONDS)
+    except redis.RedisError as exc:
+        # No marker only means the sweeper sends a duplicate, which is dropped.
+        logger.warning("could not mark task %s as dispatched: %s", task_id, exc)
+    return True
+
+
+def task_dispatch_on_commit(*, task_id: str) -> None:
+    """Dispatch once the current transaction commits: a worker must find the row."""
+    transaction.on_commit(partial(task_dispatch, task_id=task_id))
+
+
+def dispatch_marker_clear(*, task_id: str) -> None:
+    """A worker took the message: from now on the task's status says what happens."""
+    try:
+        redis_client().delete(_marker(task_id))
+    except redis.RedisError:
+        pass
+
+
+def queued_tasks_sweep(*, grace_seconds: int | None = None) -> list[str]:
+    """Re-dispatch queued tasks older than the grace period that no message vouches for.
+
+    Returns the ids sent. The grace period keeps the sweeper from racing the
+    dispatch that follows a task's creation.
+    """
+    grace = settings.LMSP_SWEEP_GRACE_SECONDS if grace_seconds is None else grace_seconds
+    cutoff = timezone.now() - timedelta(seconds=grace)
+    candidates = list(
+        Task.objects.filter(status=TaskStatus.QUEUED, updated_at__lte=cutoff)
+        .order_by("id")
+        .values_list("id", flat=True)[:SWEEP_BATCH]
+    )
+    if not candidates:
+        return []
+    try:
+        pipe = redis_client().pipeline(transaction=False)
+        for task_id in candidates:
+            pipe.exists(_marker(task_id))
+        marked = pipe.execute()
+    except redis.RedisError as exc:
+        logger.warning("sweeper cannot reach Redis: %s", exc)
+        return []
+    unmarked = [task_id for task_id, has in zip(candidates, marked, strict=True) if not has]
+    sent = [task_id for task_id in unmarked if task_dispatch(task_id=task_id)]
+    if sent:
+        logger.info("sweeper re-dispatched %d queued task(s): %s", len(sent), ", ".join(sent[:10]))
+    return sent

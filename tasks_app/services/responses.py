@@ -1,0 +1,60 @@
+"""``POST /responses`` without streaming: a task like any other, answered when it ends.
+
+The request becomes a task (policy ``fail``) through the same path as ``POST
+/tasks``, so workers, cancel and recovery treat both alike, and the task is
+visible in ``GET /tasks``. The idempotency key stays ``in_progress`` until the
+task ended and the reply was stored, so a second request with the key meanwhile
+gets ``409 idempotency_key_in_use`` and a later one the same response again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import transaction
+
+from tasks_app.models import TERMINAL_TASK_STATUSES, Client, IdempotencyKey, RestartPolicy, Task
+from tasks_app.objects import response_object
+from tasks_app.services.idempotency import idempotency_claim_if_keyed, idempotency_complete
+from tasks_app.services.tasks import Reply, task_accept
+
+RESPONSES_ENDPOINT = "responses"
+
+
+@dataclass(frozen=True)
+class ResponseStarted:
+    """A new task to wait for, or (``replay``) a stored reply to send as is."""
+
+    task_id: str | None = None
+    idempotency_record_id: int | None = None
+    replay: Reply | None = None
+
+
+def response_start(
+    *, client: Client, request: Mapping[str, Any], idempotency_key: str | None, request_hash: str | None
+) -> ResponseStarted:
+    with transaction.atomic():
+        claim = idempotency_claim_if_keyed(
+            client=client, endpoint=RESPONSES_ENDPOINT, key=idempotency_key, request_hash=request_hash
+        )
+        if claim is not None and claim.is_replay:
+            return ResponseStarted(replay=Reply.replay_of(claim))
+        task = task_accept(client=client, request=request, on_restart=RestartPolicy.FAIL)
+    return ResponseStarted(task_id=task.id, idempotency_record_id=claim.record.pk if claim is not None else None)
+
+
+def response_task_finished(*, task_id: str) -> bool:
+    return Task.objects.filter(pk=task_id, status__in=TERMINAL_TASK_STATUSES).exists()
+
+
+def response_finish(*, task_id: str, idempotency_record_id: int | None) -> Reply:
+    """The reply for a task that ended: its response object, stored for the key's replays."""
+    task = Task.objects.select_related("response").get(pk=task_id)
+    reply = Reply(200, response_object(task.response))
+    if idempotency_record_id is not None:
+        with transaction.atomic():
+            record = IdempotencyKey.objects.get(pk=idempotency_record_id)
+            idempotency_complete(record=record, status=reply.status, body=reply.body, headers=reply.headers)
+    return reply

@@ -1,0 +1,151 @@
+"""Real Celery worker processes (and a private Redis) for the tests."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from tests.support.server import REPO, free_port
+
+
+@dataclass
+class WorkerProcess:
+    proc: subprocess.Popen
+    log_path: Path
+    queue: str
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_for_log(self, needle: str, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while needle not in self.log():
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"celery worker exited ({self.proc.returncode}):\n{self.log()[-4000:]}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{needle!r} not in the worker log:\n{self.log()[-4000:]}")
+            time.sleep(0.05)
+
+
+@contextmanager
+def celery_worker(
+    *, env: dict[str, str], queue: str, log_path: Path, beat: bool = False, name: str = "test"
+) -> Iterator[WorkerProcess]:
+    """``celery worker`` (prefork, one child) on ``queue``, started as the README starts it."""
+    command = [
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "lmsp_project",
+        "worker",
+        "--pool",
+        "prefork",
+        "--concurrency",
+        "1",
+        "--queues",
+        queue,
+        "--hostname",
+        f"{name}@%h",
+        "--loglevel",
+        "INFO",
+        "--without-mingle",
+        "--without-gossip",
+    ]
+    if beat:
+        command += ["--beat", "--schedule", str(log_path.with_suffix(".beat"))]
+    with log_path.open("ab") as log:
+        proc = subprocess.Popen(
+            command,
+            cwd=REPO,
+            env={**os.environ, **env, "LMSP_TASK_QUEUE": queue},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    worker = WorkerProcess(proc=proc, log_path=log_path, queue=queue)
+    try:
+        worker.wait_for_log("ready.")
+        yield worker
+    finally:
+        stop_process_group(proc)
+
+
+def stop_process_group(proc: subprocess.Popen, timeout: float = 15) -> None:
+    if proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=timeout)
+    except (subprocess.TimeoutExpired, ProcessLookupError):
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+
+
+@dataclass
+class RedisServer:
+    port: int
+    dir: Path
+    proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            [
+                shutil.which("redis-server") or "redis-server",
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(self.dir),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        import redis
+
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                redis.Redis(port=self.port, socket_connect_timeout=0.5).ping()
+                return
+            except redis.RedisError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError("private redis-server did not start") from None
+                time.sleep(0.05)
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait(timeout=10)
+            self.proc = None
+
+
+@contextmanager
+def private_redis(tmp: Path) -> Iterator[RedisServer]:
+    """A redis-server of our own, which a test may stop and start again."""
+    server = RedisServer(port=free_port(), dir=tmp)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()

@@ -1,0 +1,93 @@
+"""Dispatch after commit, and the sweeper that repairs lost messages (no worker here)."""
+
+from __future__ import annotations
+
+import base64
+import json
+from datetime import timedelta
+
+import pytest
+from django.conf import settings
+from django.utils import timezone
+
+from tasks_app.models import Task, TaskStatus
+from tasks_app.notify import key, redis_client
+from tasks_app.services.dispatch import queued_tasks_sweep
+
+
+@pytest.fixture
+def queue(transactional_db, settings):
+    name = f"{settings.LMSP_REDIS_PREFIX}-dispatch-test"
+    settings.LMSP_TASK_QUEUE = name
+    redis_client().delete(name)
+    yield name
+    redis_client().delete(name)
+
+
+def queued_ids(name: str) -> list[str]:
+    """Task ids in the queue's messages, oldest first."""
+    out = []
+    for raw in reversed(redis_client().lrange(name, 0, -1)):
+        message = json.loads(raw)
+        body = json.loads(base64.b64decode(message["body"]))
+        out.append(body[0][0])
+    return out
+
+
+def marked(task_id: str) -> bool:
+    return bool(redis_client().exists(key("dispatched", task_id)))
+
+
+def test_an_accepted_task_is_sent_after_commit_with_only_its_id(api, queue):
+    task = api.create_task("Hi").json()
+
+    assert queued_ids(queue) == [task["id"]]
+    message = json.loads(redis_client().lrange(queue, 0, -1)[0])
+    assert message["headers"]["task"] == "lmsp.run_task"
+    assert json.loads(base64.b64decode(message["body"])) == [
+        [task["id"]],
+        {},
+        {"callbacks": None, "errbacks": None, "chain": None, "chord": None},
+    ]
+    assert marked(task["id"])
+
+
+def test_a_refused_task_sends_nothing(api, queue):
+    response = api.post("/lmsp/v1/tasks", {"type": "response", "input": {"model": "nope", "input": "x"}})
+
+    assert response.status_code == 400
+    assert queued_ids(queue) == []
+
+
+def _age(task_id: str, seconds: int) -> None:
+    Task.objects.filter(pk=task_id).update(updated_at=timezone.now() - timedelta(seconds=seconds))
+
+
+def test_the_sweeper_resends_queued_tasks_whose_message_is_unaccounted_for(api, queue):
+    lost = api.create_task("lost").json()["id"]
+    kept = api.create_task("kept").json()["id"]
+    young = api.create_task("young").json()["id"]
+    finished = api.create_task("finished").json()["id"]
+    api.post(f"/lmsp/v1/tasks/{finished}/cancel")
+    # Redis restarted without persistence: queue and markers are gone.
+    redis_client().delete(queue, key("dispatched", lost), key("dispatched", young), key("dispatched", finished))
+    for task_id in (lost, kept, finished):
+        _age(task_id, 60)
+
+    sent = queued_tasks_sweep(grace_seconds=30)
+
+    assert sent == [lost]
+    assert queued_ids(queue) == [lost]
+    assert marked(lost)
+    assert queued_tasks_sweep(grace_seconds=30) == []
+    assert Task.objects.get(pk=finished).status == TaskStatus.CANCELLED
+
+
+def test_the_sweeper_uses_the_configured_grace(api, queue):
+    task_id = api.create_task("x").json()["id"]
+    redis_client().delete(key("dispatched", task_id))
+    _age(task_id, settings.LMSP_SWEEP_GRACE_SECONDS - 2)
+
+    assert queued_tasks_sweep() == []
+    _age(task_id, settings.LMSP_SWEEP_GRACE_SECONDS + 1)
+    assert queued_tasks_sweep() == [task_id]

@@ -1,0 +1,64 @@
+"""Wake-ups go out after the commit they describe, and never for a rolled-back change."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from django.db import transaction
+
+from tasks_app import lifecycle
+from tasks_app.models import TaskStatus
+from tasks_app.notify import redis_client, tasks_channel
+
+
+@pytest.fixture
+def subscription():
+    pubsub = redis_client().pubsub(ignore_subscribe_messages=True)
+    pubsub.subscribe(tasks_channel())
+    pubsub.get_message(timeout=1)  # the subscribe confirmation
+    yield pubsub
+    pubsub.close()
+
+
+def received(pubsub) -> list[dict]:
+    out = []
+    while (message := pubsub.get_message(timeout=0.5)) is not None:
+        out.append(json.loads(message["data"]))
+    return out
+
+
+def test_a_committed_move_is_announced_with_its_status_and_sequence(
+    transactional_db, make_client, demo_model, subscription
+):
+    client, _ = make_client()
+    task = lifecycle.task_insert(client=client, request={"model": "demo", "input": "x"}, model="demo")
+
+    lifecycle.task_transition(task_id=task.id, to=TaskStatus.CANCELLED)
+
+    assert received(subscription) == [{"task_id": task.id, "status": "cancelled", "last_sequence": 1}]
+
+
+def test_a_rolled_back_move_is_not_announced(transactional_db, make_client, demo_model, subscription):
+    client, _ = make_client()
+    task = lifecycle.task_insert(client=client, request={"model": "demo", "input": "x"}, model="demo")
+
+    with pytest.raises(RuntimeError), transaction.atomic():
+        lifecycle.task_transition(task_id=task.id, to=TaskStatus.CANCELLED)
+        raise RuntimeError("roll back")
+
+    assert received(subscription) == []
+    task.refresh_from_db()
+    assert task.status == TaskStatus.QUEUED
+
+
+def test_a_lost_compare_and_set_is_not_announced(transactional_db, make_client, demo_model, subscription):
+    client, _ = make_client()
+    task = lifecycle.task_insert(client=client, request={"model": "demo", "input": "x"}, model="demo")
+    lifecycle.task_transition(task_id=task.id, to=TaskStatus.CANCELLED)
+    received(subscription)
+
+    lost = lifecycle.task_transition(task_id=task.id, to=TaskStatus.LOADING, sources=[TaskStatus.QUEUED])
+
+    assert not lost.won
+    assert received(subscription) == []

@@ -1,0 +1,96 @@
+"""Turning a growing list of token ids into text deltas, and holding back stop strings.
+
+Decoding token by token is wrong for byte-level tokenizers: a character can be
+split over several tokens, and a tokenizer's decoder may change earlier text
+once it sees more tokens (leading spaces, merges). :class:`StreamDetokenizer`
+uses the prefix/read offset algorithm that vLLM and TGI use: it decodes a short
+window twice, with and without the newest tokens, and releases the difference
+only once it no longer ends in U+FFFD (half a UTF-8 character). Both offsets are
+plain integers, so the state fits a snapshot.
+
+:class:`StopFilter` sits behind it and keeps back just enough text that a stop
+string arriving over several deltas is never partly released.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from tokenizers import Tokenizer
+
+REPLACEMENT_CHAR = "\ufffd"
+
+
+class StreamDetokenizer:
+    """Incremental detokeniser whose released text concatenates to ``decode(ids)``.
+
+    The caller owns the id list and appends to it; :meth:`step` is called
+    after each append. Special tokens are skipped, as in the final decode.
+    """
+
+    def __init__(self, tokenizer: Tokenizer, *, prefix_offset: int = 0, read_offset: int = 0) -> None:
+        if not 0 <= prefix_offset <= read_offset:
+            raise ValueError(f"bad detokenizer offsets: prefix {prefix_offset}, read {read_offset}")
+        self.tokenizer = tokenizer
+        self.prefix_offset = prefix_offset
+        self.read_offset = read_offset
+
+    def _decode(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+
+    def step(self, ids: Sequence[int]) -> str:
+        """New final text after ``ids`` grew; empty while it ends inside a character."""
+        prefix_text = self._decode(ids[self.prefix_offset : self.read_offset])
+        new_text = self._decode(ids[self.prefix_offset :])
+        if len(new_text) <= len(prefix_text) or new_text.endswith(REPLACEMENT_CHAR):
+            return ""
+        self.prefix_offset = self.read_offset
+        self.read_offset = len(ids)
+        return new_text[len(prefix_text) :]
+
+    def flush(self, ids: Sequence[int]) -> str:
+        """Whatever is still held at the end of a generation, even half a character."""
+        prefix_text = self._decode(ids[self.prefix_offset : self.read_offset])
+        new_text = self._decode(ids[self.prefix_offset :])
+        self.prefix_offset = self.read_offset = len(ids)
+        return new_text[len(prefix_text) :]
+
+    def state(self) -> dict[str, int]:
+        return {"prefix_offset": self.prefix_offset, "read_offset": self.read_offset}
+
+
+class StopFilter:
+    """Releases text except a tail that could still begin a stop string.
+
+    It keeps back the last ``len(longest stop) - 1`` characters. When a stop
+    string shows up, only the text before its first occurrence is released and
+    :attr:`stopped` becomes True; nothing after it is ever released.
+    """
+
+    def __init__(self, stops: Sequence[str], *, held: str = "", released_chars: int = 0) -> None:
+        self.stops = tuple(s for s in stops if s)
+        self._hold = max((len(s) for s in self.stops), default=1) - 1
+        self.held = held
+        self.released_chars = released_chars
+        self.stopped = False
+
+    def push(self, text: str) -> str:
+        """Feed new text; returns what is now safe to release."""
+        if self.stopped:
+            return ""
+        buffer = self.held + text
+        hits = [i for i in (buffer.find(s) for s in self.stops) if i >= 0]
+        if hits:
+            self.stopped = True
+            out, self.held = buffer[: min(hits)], ""
+        else:
+            cut = max(len(buffer) - self._hold, 0)
+            out, self.held = buffer[:cut], buffer[cut:]
+        self.released_chars += len(out)
+        return out
+
+    def flush(self) -> str:
+        """The held tail at the end of a generation (it cannot start a stop string any more)."""
+        out, self.held = ("" if self.stopped else self.held), ""
+        self.released_chars += len(out)
+        return out

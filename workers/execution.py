@@ -1,0 +1,341 @@
+"""Running one task: claim, load, generate, commit in batches, finish exactly once.
+
+Every status change goes through ``tasks_app.lifecycle``; this module only
+decides which move to ask for. The claim ``queued -> loading`` is a
+compare-and-set, so a duplicated or redelivered message whose task is no
+longer queued is dropped here, and Celery never decides what runs.
+
+Deltas are committed in batches (``LMSP_DELTA_BATCH_TOKENS`` tokens or
+``LMSP_DELTA_BATCH_MS`` milliseconds): each batch is one transaction that
+appends the delta events, stores the snapshot and checks, through the
+compare-and-set on ``running``, that no cancel won meanwhile. Between batches
+the decode loop watches a flag the cancel watcher sets from Redis, so a
+cancel stops generation within one decode step.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.conf import settings
+from django.db import close_old_connections, connection
+from django.db.models import F
+from django.utils import timezone
+
+from tasks_app import lifecycle
+from tasks_app.exceptions import BackendError, LmspError, ModelLoadFailed, TaskNotFound
+from tasks_app.ids import new_message_id
+from tasks_app.models import Response, ResponseStatus, TaskStatus
+from tasks_app.services.dispatch import dispatch_marker_clear
+from workers.backends.base import (
+    FINISH_CANCELLED,
+    FINISH_LENGTH,
+    Generation,
+    LoadedModel,
+    SamplingParams,
+)
+from workers.model_cache import model_cache
+from workers.signals import cancel_watcher
+
+logger = logging.getLogger(__name__)
+
+S = TaskStatus
+EventSpec = tuple[str, Mapping[str, Any]]
+# Statuses in which a worker holds a task (and keeps its heartbeat).
+HELD = (S.LOADING, S.RUNNING, S.CANCELLING)
+_DETAIL_LIMIT = 500
+
+
+def message_item(item_id: str, text: str | None, status: str) -> dict[str, Any]:
+    """An output message item; ``text`` None gives the empty item of ``output_item.added``."""
+    content = [] if text is None else [output_text_part(text)]
+    return {"id": item_id, "type": "message", "status": status, "role": "assistant", "content": content}
+
+
+def output_text_part(text: str) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": []}
+
+
+def _usage(generation: Generation | None) -> dict[str, int] | None:
+    if generation is None:
+        return None
+    return {
+        "input_tokens": generation.prompt_tokens,
+        "output_tokens": generation.output_tokens,
+        "total_tokens": generation.prompt_tokens + generation.output_tokens,
+    }
+
+
+def _backend_problem(exc: BaseException) -> dict[str, Any]:
+    if isinstance(exc, LmspError):
+        return exc.to_problem()
+    detail = f"{type(exc).__name__}: {exc}"
+    if len(detail) > _DETAIL_LIMIT:
+        detail = detail[: _DETAIL_LIMIT - 3] + "..."
+    return BackendError(f"The inference backend failed ({detail})").to_problem()
+
+
+class Heartbeat:
+    """Writes ``heartbeat_at`` while a model loads or a long prefill runs.
+
+    Batch commits refresh the heartbeat themselves; this thread covers the
+    stretches without commits, so that recovery can tell a live worker from
+    a dead one.
+    """
+
+    def __init__(self, task_id: str, interval: float) -> None:
+        self.task_id = task_id
+        self.interval = interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"heartbeat-{task_id}", daemon=True)
+
+    def __enter__(self) -> Heartbeat:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.wait(self.interval):
+                try:
+                    result = lifecycle.task_append_events(
+                        task_id=self.task_id, expected=HELD, task_changes={"heartbeat_at": timezone.now()}
+                    )
+                except Exception:  # a missed heartbeat must not kill the run
+                    logger.warning("heartbeat for %s failed", self.task_id, exc_info=True)
+                    continue
+                if not result.won:
+                    return
+        finally:
+            connection.close()
+
+
+@dataclass
+class _Run:
+    """The state of one generation as far as the event log knows it."""
+
+    task_id: str
+    item_id: str
+    generation: Generation | None = None
+    committed_text: list[str] = field(default_factory=list)
+    pending: list[EventSpec] = field(default_factory=list)
+    pending_text: list[str] = field(default_factory=list)
+    pending_tokens: int = 0
+    batch_started: float = 0.0
+
+    def delta(self, text: str) -> None:
+        self.pending.append(
+            (
+                "response.output_text.delta",
+                {"item_id": self.item_id, "output_index": 0, "content_index": 0, "delta": text},
+            )
+        )
+        self.pending_text.append(text)
+
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            "item_id": self.item_id,
+            "backend": self.generation.snapshot() if self.generation is not None else None,
+        }
+
+    def text(self) -> str:
+        return "".join(self.committed_text)
+
+
+def task_execute(*, task_id: str, worker: str) -> str:
+    """Run one task to a terminal state; returns what happened (for the log and tests).
+
+    Never raises for a task's own failure: load errors and backend errors end
+    the task as ``failed`` and the worker process goes on to the next task.
+    """
+    dispatch_marker_clear(task_id=task_id)
+    close_old_connections()
+    now = timezone.now()
+    try:
+        claim = lifecycle.task_transition(
+            task_id=task_id,
+            to=S.LOADING,
+            sources=[S.QUEUED],
+            task_changes={"worker": worker, "heartbeat_at": now, "attempts": F("attempts") + 1},
+        )
+    except TaskNotFound:
+        logger.info("dropped message for task %s: no such task", task_id)
+        return "missing"
+    if not claim.won:
+        logger.info("dropped message for task %s: it is %s, not queued", task_id, claim.task.status)
+        return "dropped"
+    logger.info("task %s claimed by %s", task_id, worker)
+    cancelled = cancel_watcher.watch(task_id)
+    try:
+        with Heartbeat(task_id, settings.LMSP_HEARTBEAT_SECONDS):
+            return _run(task_id, cancelled)
+    finally:
+        cancel_watcher.unwatch(task_id)
+
+
+def _run(task_id: str, cancelled: threading.Event) -> str:
+    response = Response.objects.only("id", "model", "request").get(task__id=task_id)
+    run = _Run(task_id=task_id, item_id=new_message_id())
+    try:
+        model = model_cache().get(response.model)
+    except ModelLoadFailed as exc:
+        logger.warning("task %s: %s", task_id, exc.detail)
+        return _fail(run, exc.to_problem(), sources=[S.LOADING])
+    except Exception:
+        logger.exception("task %s: loading model %s failed", task_id, response.model)
+        return _fail(run, ModelLoadFailed(f"Model {response.model!r} could not be loaded").to_problem(), [S.LOADING])
+    try:
+        return _generate(run, model, response.request, cancelled)
+    except Exception as exc:
+        logger.exception("task %s: backend error", task_id)
+        return _fail(run, _backend_problem(exc), sources=[S.LOADING, S.RUNNING])
+
+
+def _generate(run: _Run, model: LoadedModel, request: Mapping[str, Any], cancelled: threading.Event) -> str:
+    params = SamplingParams.from_request(request)
+    prompt_ids = model.prompt_ids(request)
+    run.generation = model.generate(prompt_ids, params, should_stop=cancelled.is_set)
+    started = lifecycle.task_transition(
+        task_id=run.task_id,
+        to=S.RUNNING,
+        sources=[S.LOADING],
+        events=[
+            (
+                "response.output_item.added",
+                {"output_index": 0, "item": message_item(run.item_id, None, "in_progress")},
+            ),
+            (
+                "response.content_part.added",
+                {"item_id": run.item_id, "output_index": 0, "content_index": 0, "part": output_text_part("")},
+            ),
+        ],
+        task_changes={"heartbeat_at": timezone.now()},
+        snapshot=run.snapshot(),
+    )
+    if not started.won:
+        return _after_lost_race(run, started.task.status)
+    logger.info(
+        "task %s running: %d prompt tokens, seed %d", run.task_id, run.generation.prompt_tokens, run.generation.seed
+    )
+
+    max_tokens = max(1, settings.LMSP_DELTA_BATCH_TOKENS)
+    window = settings.LMSP_DELTA_BATCH_MS / 1000
+    for step in run.generation:
+        if step.text:
+            run.delta(step.text)
+        if step.token_id is None:
+            continue
+        if run.pending_tokens == 0:
+            run.batch_started = time.monotonic()
+        run.pending_tokens += 1
+        if run.pending_tokens >= max_tokens or time.monotonic() - run.batch_started >= window:
+            outcome = _commit_batch(run)
+            if outcome is not None:
+                return outcome
+
+    if run.generation.finish_reason == FINISH_CANCELLED:
+        # The flag is only set by a committed move to cancelling; what the
+        # pending batch held was never committed, so it is not part of the output.
+        return _cancelled(run)
+    return _succeed(run)
+
+
+def _commit_batch(run: _Run) -> str | None:
+    """Commit the pending deltas; a non-None result means the run is over."""
+    result = lifecycle.task_append_events(
+        task_id=run.task_id,
+        expected=[S.RUNNING],
+        events=run.pending,
+        task_changes={"heartbeat_at": timezone.now()},
+        snapshot=run.snapshot(),
+    )
+    if not result.won:
+        return _after_lost_race(run, result.task.status)
+    run.committed_text.extend(run.pending_text)
+    run.pending, run.pending_text, run.pending_tokens = [], [], 0
+    return None
+
+
+def _succeed(run: _Run) -> str:
+    generation = run.generation
+    assert generation is not None
+    text = run.text() + "".join(run.pending_text)
+    incomplete = generation.finish_reason == FINISH_LENGTH
+    status = ResponseStatus.INCOMPLETE if incomplete else ResponseStatus.COMPLETED
+    item_status = "incomplete" if incomplete else "completed"
+    head = {"item_id": run.item_id, "output_index": 0, "content_index": 0}
+    events: list[EventSpec] = [
+        *run.pending,
+        ("response.output_text.done", {**head, "text": text}),
+        ("response.content_part.done", {**head, "part": output_text_part(text)}),
+        ("response.output_item.done", {"output_index": 0, "item": message_item(run.item_id, text, item_status)}),
+    ]
+    done = lifecycle.task_transition(
+        task_id=run.task_id,
+        to=S.SUCCEEDED,
+        sources=[S.RUNNING],
+        events=events,
+        response_changes={
+            "status": status,
+            "output": [message_item(run.item_id, text, item_status)],
+            "usage": _usage(generation),
+            "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
+        },
+        task_changes={"heartbeat_at": timezone.now()},
+        snapshot=run.snapshot(),
+    )
+    if not done.won:
+        return _after_lost_race(run, done.task.status)
+    logger.info(
+        "task %s %s: %d output tokens (%s)", run.task_id, status, generation.output_tokens, generation.finish_reason
+    )
+    return str(status)
+
+
+def _partial_output(run: _Run) -> list[dict[str, Any]]:
+    text = run.text()
+    return [message_item(run.item_id, text, "incomplete")] if text else []
+
+
+def _cancelled(run: _Run) -> str:
+    result = lifecycle.task_transition(
+        task_id=run.task_id,
+        to=S.CANCELLED,
+        sources=[S.CANCELLING],
+        response_changes={"output": _partial_output(run), "usage": _usage(run.generation)},
+    )
+    if result.won:
+        logger.info("task %s cancelled", run.task_id)
+        return "cancelled"
+    logger.warning("task %s: expected cancelling, found %s", run.task_id, result.task.status)
+    return str(result.task.status)
+
+
+def _after_lost_race(run: _Run, status: str) -> str:
+    """Another writer moved the task: honour a cancel, otherwise just stop."""
+    if status == S.CANCELLING:
+        return _cancelled(run)
+    logger.warning("task %s left to %s by another writer; stopping", run.task_id, status)
+    return str(status)
+
+
+def _fail(run: _Run, problem: Mapping[str, Any], sources: Sequence[TaskStatus]) -> str:
+    result = lifecycle.task_transition(
+        task_id=run.task_id,
+        to=S.FAILED,
+        sources=sources,
+        error=problem,
+        response_changes={"output": _partial_output(run), "usage": _usage(run.generation)},
+    )
+    if result.won:
+        logger.info("task %s failed: %s", run.task_id, problem.get("code"))
+        return "failed"
+    return _after_lost_race(run, result.task.status)
