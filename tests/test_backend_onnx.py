@@ -558,7 +558,7 @@ def test_cpu_device_and_registry(model_dir: Path) -> None:
 def test_auto_and_cuda_devices_follow_what_the_machine_has(
     model_dir: Path, capfd: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level("INFO", logger="workers.backends.onnx")
+    caplog.set_level("DEBUG", logger="workers.backends.onnx")
     capfd.readouterr()
     auto = OnnxRuntimeBackend().load(model_dir, device="auto")
     assert auto.provider == ("CUDAExecutionProvider" if CUDA_READY else "CPUExecutionProvider")
