@@ -291,6 +291,10 @@ class IdempotencyKey(models.Model):
     response_status = models.IntegerField(null=True, blank=True)
     response_body = JSONTextField(null=True, blank=True)
     response_headers = JSONTextField(default=dict, blank=True)
+    # The task a still-unanswered request started (POST /responses): if the
+    # process that waited on it died, a retry with the key can still be
+    # answered once the task has ended.
+    task = models.ForeignKey("Task", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     created_at = models.DateTimeField()
     expires_at = models.DateTimeField()
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -56,11 +57,18 @@ class IdempotencyClaim:
         return self.record is None
 
 
-def idempotency_claim(*, client: Client, endpoint: str, key: str, request_hash: str) -> IdempotencyClaim:
+Settle = Callable[[IdempotencyKey], bool]
+
+
+def idempotency_claim(
+    *, client: Client, endpoint: str, key: str, request_hash: str, settle: Settle | None = None
+) -> IdempotencyClaim:
     """Claim ``key`` for this request, or return what the first use answered.
 
     Must run inside a transaction. Raises ``IdempotencyKeyReused`` for another
     body and ``IdempotencyKeyInUse`` while the first request is unfinished.
+    ``settle`` may complete an unfinished record whose work is in fact done
+    (its server went away before answering); it returns True if it did.
     """
     now = timezone.now()
     expires_at = now + timedelta(seconds=settings.LMSP_IDEMPOTENCY_TTL_SECONDS)
@@ -93,7 +101,8 @@ def idempotency_claim(*, client: Client, endpoint: str, key: str, request_hash: 
                 errors=[{"field": "Idempotency-Key", "message": "already used with another body"}],
             )
         if existing.state == IdempotencyState.IN_PROGRESS:
-            raise IdempotencyKeyInUse("The first request with this Idempotency-Key is still being served")
+            if settle is None or not settle(existing):
+                raise IdempotencyKeyInUse("The first request with this Idempotency-Key is still being served")
         return IdempotencyClaim(
             replay_status=existing.response_status,
             replay_body=existing.response_body,
@@ -103,14 +112,14 @@ def idempotency_claim(*, client: Client, endpoint: str, key: str, request_hash: 
 
 
 def idempotency_claim_if_keyed(
-    *, client: Client, endpoint: str, key: str | None, request_hash: str | None
+    *, client: Client, endpoint: str, key: str | None, request_hash: str | None, settle: Settle | None = None
 ) -> IdempotencyClaim | None:
     """``idempotency_claim`` for a request that may carry no key (then None)."""
     if key is None:
         return None
     if request_hash is None:
         raise ValueError("an idempotency key needs the request's digest")
-    return idempotency_claim(client=client, endpoint=endpoint, key=key, request_hash=request_hash)
+    return idempotency_claim(client=client, endpoint=endpoint, key=key, request_hash=request_hash, settle=settle)
 
 
 def idempotency_complete(*, record: IdempotencyKey, status: int, body: Any, headers: dict[str, str]) -> None:

@@ -4,7 +4,8 @@ The request becomes a task (policy ``fail``) through the same path as ``POST
 /tasks``, so workers, cancel and recovery treat both alike, and the task is
 visible in ``GET /tasks``. The idempotency key stays ``in_progress`` until the
 task ended and the reply was stored, so a second request with the key meanwhile
-gets ``409 idempotency_key_in_use`` and a later one the same response again.
+gets ``409 idempotency_key_in_use`` and a later one the same response again,
+even if the process that waited for the first answer died meanwhile.
 """
 
 from __future__ import annotations
@@ -15,7 +16,14 @@ from typing import Any
 
 from django.db import transaction
 
-from tasks_app.models import TERMINAL_TASK_STATUSES, Client, IdempotencyKey, RestartPolicy, Task
+from tasks_app.models import (
+    TERMINAL_TASK_STATUSES,
+    Client,
+    IdempotencyKey,
+    IdempotencyState,
+    RestartPolicy,
+    Task,
+)
 from tasks_app.objects import response_object
 from tasks_app.services.idempotency import idempotency_claim_if_keyed, idempotency_complete
 from tasks_app.services.tasks import Reply, task_accept
@@ -37,12 +45,28 @@ def response_start(
 ) -> ResponseStarted:
     with transaction.atomic():
         claim = idempotency_claim_if_keyed(
-            client=client, endpoint=RESPONSES_ENDPOINT, key=idempotency_key, request_hash=request_hash
+            client=client,
+            endpoint=RESPONSES_ENDPOINT,
+            key=idempotency_key,
+            request_hash=request_hash,
+            settle=_settle_orphaned,
         )
         if claim is not None and claim.is_replay:
             return ResponseStarted(replay=Reply.replay_of(claim))
         task = task_accept(client=client, request=request, on_restart=RestartPolicy.FAIL)
+        if claim is not None:
+            claim.record.task = task
+            claim.record.save(update_fields=["task"])
     return ResponseStarted(task_id=task.id, idempotency_record_id=claim.record.pk if claim is not None else None)
+
+
+def _settle_orphaned(record: IdempotencyKey) -> bool:
+    """Answer a key whose first request's waiter went away, once its task has ended."""
+    if record.task_id is None or not response_task_finished(task_id=record.task_id):
+        return False
+    task = Task.objects.select_related("response").get(pk=record.task_id)
+    idempotency_complete(record=record, status=200, body=response_object(task.response), headers={})
+    return True
 
 
 def response_task_finished(*, task_id: str) -> bool:
@@ -55,6 +79,9 @@ def response_finish(*, task_id: str, idempotency_record_id: int | None) -> Reply
     reply = Reply(200, response_object(task.response))
     if idempotency_record_id is not None:
         with transaction.atomic():
-            record = IdempotencyKey.objects.get(pk=idempotency_record_id)
-            idempotency_complete(record=record, status=reply.status, body=reply.body, headers=reply.headers)
+            # A retry may have settled the key already (and a replay must
+            # match it byte for byte), so only an unanswered key is completed.
+            record = IdempotencyKey.objects.filter(pk=idempotency_record_id, state=IdempotencyState.IN_PROGRESS).first()
+            if record is not None:
+                idempotency_complete(record=record, status=reply.status, body=reply.body, headers=reply.headers)
     return reply
