@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ from tasks_app.models import Client, ModelRecord
 from tasks_app.services.clients import client_create
 from tasks_app.services.models import model_scan
 from tests.support.db import database_url
+from tests.support.waiting import wait_until
 from tests.support.worker import WorkerProcess, celery_worker
 
 # Every Redis key, queue and channel of this run carries its own prefix, so a
@@ -175,8 +175,7 @@ def running_worker(transactional_db, demo_model, celery_worker_proc: WorkerProce
 
     for task in Task.objects.filter(status__in=ACTIVE_TASK_STATUSES):
         task_cancel(task=task)
-    deadline = time.monotonic() + 60
-    while Task.objects.filter(status__in=ACTIVE_TASK_STATUSES).exists():
-        if time.monotonic() > deadline:
-            raise RuntimeError("the worker did not let go of the test's tasks")
-        time.sleep(0.05)
+    wait_until(
+        lambda: not Task.objects.filter(status__in=ACTIVE_TASK_STATUSES).exists(),
+        what="the worker did not let go of the test's tasks",
+    )

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 import urllib.request
 from pathlib import Path
 
@@ -12,6 +11,7 @@ from tasks_app.services.models import model_scan
 from tests.conftest import REDIS_PREFIX
 from tests.support.db import database_url
 from tests.support.server import uvicorn_server
+from tests.support.waiting import wait_until
 from tests.support.worker import celery_worker, private_redis
 
 
@@ -60,13 +60,12 @@ def test_task_created_while_the_broker_is_down_runs_after_it_returns(
             assert task["status"] == "queued"
             assert Task.objects.get(pk=task["id"]).status == TaskStatus.QUEUED
             broker.start()
-            deadline = time.monotonic() + 90
-            while True:
+
+            def finished() -> dict | None:
                 _, current = _call(base, token, "GET", f"/lmsp/v1/tasks/{task['id']}")
-                if current["status"] in {"succeeded", "failed", "cancelled"}:
-                    break
-                assert time.monotonic() < deadline, f"task stayed {current['status']}:\n{worker.log()[-3000:]}"
-                time.sleep(0.1)
+                return current if current["status"] in {"succeeded", "failed", "cancelled"} else None
+
+            current = wait_until(finished, what=lambda: f"the task never ended:\n{worker.log()[-3000:]}", timeout=90)
             assert current["status"] == "succeeded"
             assert current["response"]["usage"]["output_tokens"] == 8
             assert "sweeper re-dispatched 1 queued task(s): " + task["id"] in worker.log()

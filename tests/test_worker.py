@@ -6,7 +6,6 @@ import json
 import os
 import shutil
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -17,20 +16,18 @@ from tokenizers import Tokenizer
 from tasks_app.models import Task, TaskEvent, TaskStatus
 from tasks_app.services.dispatch import task_dispatch
 from tasks_app.services.models import model_scan
+from tests.support.waiting import wait_until
 from workers.demo_model import CHAT_TEMPLATE
 
 TERMINAL = {"succeeded", "failed", "cancelled"}
 
 
-def wait_for_status(api, task_id: str, wanted: set[str], timeout: float = 60) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while True:
+def wait_for_status(api, task_id: str, wanted: set[str]) -> dict[str, Any]:
+    def probe() -> dict[str, Any] | None:
         body = api.get(f"/lmsp/v1/tasks/{task_id}").json()
-        if body["status"] in wanted:
-            return body
-        if time.monotonic() > deadline:
-            raise AssertionError(f"task {task_id} stayed {body['status']}, wanted {sorted(wanted)}")
-        time.sleep(0.02)
+        return body if body["status"] in wanted else None
+
+    return wait_until(probe, what=f"task {task_id} never reached {sorted(wanted)}")
 
 
 def events_of(task_id: str) -> list[dict[str, Any]]:
@@ -152,10 +149,10 @@ def test_stop_string_ends_the_response_before_it(api, running_worker):
 
 def test_cancel_while_running_keeps_the_partial_output(api, running_worker):
     task = create(api, "Write a very long report", max_output_tokens=100_000)
-    deadline = time.monotonic() + 60
-    while not TaskEvent.objects.filter(task_id=task["id"], type="response.output_text.delta").exists():
-        assert time.monotonic() < deadline, "no delta arrived"
-        time.sleep(0.01)
+    wait_until(
+        TaskEvent.objects.filter(task_id=task["id"], type="response.output_text.delta").exists,
+        what="no delta arrived",
+    )
 
     reply = api.post(f"/lmsp/v1/tasks/{task['id']}/cancel")
 
@@ -215,7 +212,7 @@ def test_cancel_racing_the_last_token_ends_in_one_consistent_state(api, running_
     for n, task in enumerate(tasks):
         # Spread the cancels over the short life of each task.
         if n % 3:
-            wait_for_status(api, task["id"], {"running", *TERMINAL}, timeout=60)
+            wait_for_status(api, task["id"], {"running", *TERMINAL})
         replies[task["id"]] = api.post(f"/lmsp/v1/tasks/{task['id']}/cancel").status_code
 
     outcomes = set()
@@ -296,6 +293,12 @@ def test_cancel_while_loading(api, running_worker, worker_models_root):
         response = api.post("/lmsp/v1/tasks", {"type": "response", "input": {"model": name, "input": "Hi"}})
         task = response.json()
         wait_for_status(api, task["id"], {"loading"})
+        claimed_beat = Task.objects.get(pk=task["id"]).heartbeat_at
+        # The worker is stuck in the load, yet it keeps reporting (every second in these tests).
+        wait_until(
+            lambda: Task.objects.get(pk=task["id"]).heartbeat_at > claimed_beat,
+            what="no heartbeat while the model loads",
+        )
 
         reply = api.post(f"/lmsp/v1/tasks/{task['id']}/cancel")
         assert reply.json()["status"] == "cancelling"

@@ -91,6 +91,7 @@ class Heartbeat:
     def __init__(self, task_id: str, interval: float) -> None:
         self.task_id = task_id
         self.interval = interval
+        self._last = time.monotonic()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"heartbeat-{task_id}", daemon=True)
 
@@ -102,9 +103,16 @@ class Heartbeat:
         self._stop.set()
         self._thread.join()
 
+    def touched(self) -> None:
+        """A commit just wrote ``heartbeat_at``: the thread need not write it again soon."""
+        self._last = time.monotonic()
+
     def _run(self) -> None:
         try:
             while not self._stop.wait(self.interval):
+                if time.monotonic() - self._last < self.interval:
+                    continue
+                self._last = time.monotonic()
                 try:
                     result = lifecycle.task_append_events(
                         task_id=self.task_id, expected=HELD, task_changes={"heartbeat_at": timezone.now()}
@@ -124,6 +132,7 @@ class _Run:
 
     task_id: str
     item_id: str
+    heartbeat: Heartbeat
     generation: Generation | None = None
     committed_text: list[str] = field(default_factory=list)
     pending: list[EventSpec] = field(default_factory=list)
@@ -175,15 +184,15 @@ def task_execute(*, task_id: str, worker: str) -> str:
     logger.info("task %s claimed by %s", task_id, worker)
     cancelled = cancel_watcher.watch(task_id)
     try:
-        with Heartbeat(task_id, settings.LMSP_HEARTBEAT_SECONDS):
-            return _run(task_id, cancelled)
+        with Heartbeat(task_id, settings.LMSP_HEARTBEAT_SECONDS) as heartbeat:
+            return _run(task_id, cancelled, heartbeat)
     finally:
         cancel_watcher.unwatch(task_id)
 
 
-def _run(task_id: str, cancelled: threading.Event) -> str:
+def _run(task_id: str, cancelled: threading.Event, heartbeat: Heartbeat) -> str:
     response = Response.objects.only("id", "model", "request").get(task__id=task_id)
-    run = _Run(task_id=task_id, item_id=new_message_id())
+    run = _Run(task_id=task_id, item_id=new_message_id(), heartbeat=heartbeat)
     try:
         model = model_cache().get(response.model)
     except ModelLoadFailed as exc:
@@ -259,6 +268,7 @@ def _commit_batch(run: _Run) -> str | None:
     )
     if not result.won:
         return _after_lost_race(run, result.task.status)
+    run.heartbeat.touched()
     run.committed_text.extend(run.pending_text)
     run.pending, run.pending_text, run.pending_tokens = [], [], 0
     return None

@@ -7,13 +7,15 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import redis
+
 from tests.support.server import REPO, free_port
+from tests.support.waiting import wait_until
 
 
 @dataclass
@@ -26,13 +28,12 @@ class WorkerProcess:
         return self.log_path.read_text(errors="replace")
 
     def wait_for_log(self, needle: str, timeout: float = 60) -> None:
-        deadline = time.monotonic() + timeout
-        while needle not in self.log():
+        def probe() -> bool:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"celery worker exited ({self.proc.returncode}):\n{self.log()[-4000:]}")
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{needle!r} not in the worker log:\n{self.log()[-4000:]}")
-            time.sleep(0.05)
+            return needle in self.log()
+
+        wait_until(probe, what=lambda: f"{needle!r} not in the worker log:\n{self.log()[-4000:]}", timeout=timeout)
 
 
 @contextmanager
@@ -121,17 +122,14 @@ class RedisServer:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        import redis
 
-        deadline = time.monotonic() + 10
-        while True:
+        def answers() -> bool:
             try:
-                redis.Redis(port=self.port, socket_connect_timeout=0.5).ping()
-                return
+                return bool(redis.Redis(port=self.port, socket_connect_timeout=0.5).ping())
             except redis.RedisError:
-                if time.monotonic() > deadline:
-                    raise RuntimeError("private redis-server did not start") from None
-                time.sleep(0.05)
+                return False
+
+        wait_until(answers, what="private redis-server did not start", timeout=10)
 
     def stop(self) -> None:
         if self.proc is not None:
