@@ -165,8 +165,6 @@ LMSP_QUEUE_FULL_RETRY_AFTER_SECONDS = _env_int("LMSP_QUEUE_FULL_RETRY_AFTER_SECO
 # The last-used time of a client is written at most this often, so that
 # authenticated reads do not each cost a write on SQLite.
 LMSP_CLIENT_LAST_USED_RESOLUTION_SECONDS = _env_int("LMSP_CLIENT_LAST_USED_RESOLUTION_SECONDS", 60)
-# Whether the SSE endpoint exists; it is advertised as `event_resume`.
-LMSP_EVENT_RESUME = _env_bool("LMSP_EVENT_RESUME", False)
 
 # Prefix of every Redis key, queue and channel this installation uses, so two
 # installations (or a test run) can share one Redis server.
@@ -191,6 +189,9 @@ LMSP_WORKER_MAX_MODELS = _env_int("LMSP_WORKER_MAX_MODELS", 2)
 # ONNX Runtime intra-op threads per worker process (0: ONNX Runtime's default,
 # one per core; set it when several CPU workers share a machine).
 LMSP_INTRA_OP_THREADS = _env_int("LMSP_INTRA_OP_THREADS", 0)
+# ONNX Runtime's intra-op threads busy-wait between steps unless this is set;
+# worth it only on a host that does nothing but generate.
+LMSP_ORT_SPINNING = _env_bool("LMSP_ORT_SPINNING", False)
 # Prompt tokens fed to the model per prefill call.
 LMSP_PREFILL_CHUNK = _env_int("LMSP_PREFILL_CHUNK", 512)
 # The sweeper (Celery beat) re-dispatches queued tasks whose message is not
@@ -200,8 +201,21 @@ LMSP_SWEEP_GRACE_SECONDS = _env_int("LMSP_SWEEP_GRACE_SECONDS", 5)
 # How long a dispatch marker vouches for a message in the broker; after that
 # a still-queued task is dispatched again (a duplicate is dropped by the claim).
 LMSP_DISPATCH_MARKER_TTL_SECONDS = _env_int("LMSP_DISPATCH_MARKER_TTL_SECONDS", 3600)
-# POST /responses (stream=false) waits for the task; it polls at most this often.
-LMSP_SYNC_POLL_MS = _env_int("LMSP_SYNC_POLL_MS", 250)
+
+# Event streams (SSE). Idle streams get a ": keepalive" comment this often.
+LMSP_STREAM_KEEPALIVE_SECONDS = _env_int("LMSP_STREAM_KEEPALIVE_SECONDS", 15)
+# With the Redis subscription up, a stream (or a waiting POST /responses)
+# still reads the database this often, in case a wake-up was lost.
+LMSP_STREAM_SAFETY_POLL_SECONDS = _env_int("LMSP_STREAM_SAFETY_POLL_SECONDS", 5)
+# While the subscription is down, streams poll the database this often.
+LMSP_STREAM_FALLBACK_POLL_MS = _env_int("LMSP_STREAM_FALLBACK_POLL_MS", 500)
+# Events per database read, and events kept per followed task for its streams.
+LMSP_STREAM_PAGE_EVENTS = _env_int("LMSP_STREAM_PAGE_EVENTS", 500)
+LMSP_STREAM_FEED_WINDOW = _env_int("LMSP_STREAM_FEED_WINDOW", 2048)
+# Threads (each with its own database connection) for the reads of streams.
+LMSP_STREAM_DB_THREADS = _env_int("LMSP_STREAM_DB_THREADS", 4)
+# Lifetime of a browser's read-only stream token (?token=).
+LMSP_STREAM_TOKEN_SECONDS = _env_int("LMSP_STREAM_TOKEN_SECONDS", 300)
 
 # --- Celery (read by lmsp_project.celery with the CELERY_ namespace) --------
 # docs/workers.md explains every choice; the short form: the database decides

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import hmac
+from dataclasses import dataclass
 
+from django.contrib.auth import get_user
+from django.http import HttpRequest
 from rest_framework.authentication import BaseAuthentication
 from rest_framework.permissions import BasePermission
 from rest_framework.request import Request
@@ -11,6 +14,7 @@ from rest_framework.request import Request
 from tasks_app.exceptions import InsufficientScope, Unauthorized
 from tasks_app.models import Client
 from tasks_app.services.clients import client_touch, token_digest
+from tasks_app.services.stream_tokens import stream_token_verify
 
 
 class BearerTokenAuthentication(BaseAuthentication):
@@ -20,7 +24,7 @@ class BearerTokenAuthentication(BaseAuthentication):
     not come from), then the hashes are compared in constant time anyway.
     """
 
-    def authenticate(self, request: Request) -> tuple[Client, str] | None:
+    def authenticate(self, request: Request | HttpRequest) -> tuple[Client, str] | None:
         header = request.META.get("HTTP_AUTHORIZATION", "")
         if not header:
             return None
@@ -66,3 +70,37 @@ class HasRequiredScopes(BasePermission):
         if missing:
             raise InsufficientScope(f"This endpoint needs the scope {', '.join(missing)!s}")
         return True
+
+
+@dataclass(frozen=True)
+class StreamReader:
+    """Who reads an event stream: a client (bearer or stream token) or a staff session."""
+
+    client: Client | None = None
+    # A stream token grants one task only.
+    only_task_id: str | None = None
+    staff: bool = False
+
+
+def stream_reader_authenticate(request: HttpRequest) -> StreamReader:
+    """The event-stream endpoints' three ways in (PROFILE.md section 1), in this order.
+
+    ``Authorization: Bearer`` with ``read`` scope; ``?token=`` (a stream
+    token); a logged-in, active Django staff session. A bearer token is never
+    accepted from the URL.
+    """
+    if request.META.get("HTTP_AUTHORIZATION"):
+        client, _ = BearerTokenAuthentication().authenticate(request)
+        if not client.has_scope("read"):
+            raise InsufficientScope("This endpoint needs the scope read")
+        return StreamReader(client=client)
+    token = request.GET.get("token")
+    if token is not None:
+        grant = stream_token_verify(token=token)
+        return StreamReader(client=grant.client, only_task_id=grant.task_id)
+    user = get_user(request)
+    if user.is_active and user.is_staff:
+        return StreamReader(staff=True)
+    raise Unauthorized(
+        "An 'Authorization: Bearer <token>' header, a stream token (?token=) or a staff session is required"
+    )

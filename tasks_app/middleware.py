@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import io
 from collections.abc import Callable
+from typing import Any
 
+from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse
 
@@ -17,12 +19,31 @@ class RequestSizeLimitMiddleware:
 
     A chunked body has no Content-Length, and DRF would read it as empty; it
     is read here (at most limit + 1 bytes) and handed on with its length.
+    Async-capable, so that under ASGI the async views (event streams) are not
+    pushed through a thread by a sync-only middleware.
     """
 
-    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
-        self.get_response = get_response
+    sync_capable = True
+    async_capable = True
 
-    def __call__(self, request: HttpRequest) -> HttpResponse:
+    def __init__(self, get_response: Callable[[HttpRequest], Any]) -> None:
+        self.get_response = get_response
+        self.is_async = iscoroutinefunction(get_response)
+        if self.is_async:
+            markcoroutinefunction(self)
+
+    def __call__(self, request: HttpRequest) -> Any:
+        refused = self._refuse(request)
+        if self.is_async:
+            return self._acall(request, refused)
+        return refused if refused is not None else self.get_response(request)
+
+    async def _acall(self, request: HttpRequest, refused: HttpResponse | None) -> HttpResponse:
+        # ASGI spools the whole body before the view runs, so the read in
+        # ``_refuse`` never blocks the loop on the network.
+        return refused if refused is not None else await self.get_response(request)
+
+    def _refuse(self, request: HttpRequest) -> HttpResponse | None:
         limit = settings.LMSP_MAX_REQUEST_BYTES
         raw = request.META.get("CONTENT_LENGTH") or ""
         if raw:
@@ -39,4 +60,4 @@ class RequestSizeLimitMiddleware:
             request._stream = io.BytesIO(body)
             request._read_started = False
             request.META["CONTENT_LENGTH"] = str(len(body))
-        return self.get_response(request)
+        return None

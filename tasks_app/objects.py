@@ -9,8 +9,6 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from django.conf import settings
-
 from tasks_app.models import Response, Task, TaskStatus
 
 
@@ -49,7 +47,7 @@ def task_object(task: Task) -> dict[str, Any]:
     ``task.response`` must be loaded (``select_related``) when the task
     succeeded, or this costs a query.
     """
-    body: dict[str, Any] = {
+    return {
         "id": task.id,
         "object": "task",
         "type": task.type,
@@ -57,10 +55,8 @@ def task_object(task: Task) -> dict[str, Any]:
         "created_at": unix_seconds(task.created_at),
         "updated_at": unix_seconds(task.updated_at),
         "response_id": task.response_id,
+        "events_url": events_url(task.id),
+        "on_restart": task.on_restart,
+        "response": response_object(task.response) if task.status == TaskStatus.SUCCEEDED else None,
+        "error": task.error if task.status == TaskStatus.FAILED else None,
     }
-    if settings.LMSP_EVENT_RESUME:
-        body["events_url"] = events_url(task.id)
-    body["on_restart"] = task.on_restart
-    body["response"] = response_object(task.response) if task.status == TaskStatus.SUCCEEDED else None
-    body["error"] = task.error if task.status == TaskStatus.FAILED else None
-    return body

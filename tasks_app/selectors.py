@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from django.db.models import Q, QuerySet
 
-from tasks_app.exceptions import ModelNotFound, ResponseNotFound, TaskNotFound
-from tasks_app.models import Client, ModelRecord, Response, Task, TaskStatus
+from tasks_app.exceptions import EventHistoryExpired, InvalidRequest, ModelNotFound, ResponseNotFound, TaskNotFound
+from tasks_app.models import Client, ModelRecord, Response, Task, TaskEvent, TaskStatus
+
+if TYPE_CHECKING:
+    from tasks_app.auth import StreamReader
 
 
 def _sees_all(client: Client) -> bool:
@@ -33,6 +37,64 @@ def response_get_visible(*, client: Client, response_id: str) -> Response:
     if response is None:
         raise ResponseNotFound(f"No response with id {response_id!r}")
     return response
+
+
+def task_get_streamable(*, reader: StreamReader, task_id: str | None = None, response_id: str | None = None) -> Task:
+    """The task whose events ``reader`` may stream, by task or response id; else 404."""
+    qs = Task.objects.filter(pk=task_id) if task_id is not None else Task.objects.filter(response_id=response_id)
+    if reader.only_task_id is not None:
+        qs = qs.filter(pk=reader.only_task_id)
+    if reader.client is not None and not _sees_all(reader.client):
+        qs = qs.filter(client=reader.client)
+    task = qs.only("id", "status", "last_sequence", "response_id").first()
+    if task is None:
+        if task_id is not None:
+            raise TaskNotFound(f"No task with id {task_id!r}")
+        raise ResponseNotFound(f"No response with id {response_id!r}")
+    return task
+
+
+def task_stream_task(*, task_id: str) -> Task:
+    """A task known to exist and be visible (an idempotency key's own task)."""
+    return Task.objects.only("id", "status", "last_sequence", "response_id").get(pk=task_id)
+
+
+@dataclass(frozen=True)
+class StreamStart:
+    """Where a stream starts: after ``after``; ``finished`` when nothing is left to send."""
+
+    after: int
+    finished: bool = False
+
+
+def task_stream_start(*, task: Task, after: int | None, cursor_field: str = "starting_after") -> StreamStart:
+    """Check a stream cursor against the task's log (PROFILE.md section 4).
+
+    ``after`` None means from the start (``response.created``). A cursor past
+    the newest event is a client error; one before the oldest retained event
+    is ``410 event_history_expired``; one at the terminal event means the
+    client has everything (the view answers 204, so browsers stop).
+    """
+    cursor = -1 if after is None else after
+    if cursor > task.last_sequence:
+        raise InvalidRequest(
+            f"{cursor_field} {cursor} is past the newest event of this task ({task.last_sequence})",
+            errors=[{"field": cursor_field, "message": f"must be at most {task.last_sequence}"}],
+        )
+    if task.is_terminal and cursor == task.last_sequence:
+        return StreamStart(after=cursor, finished=True)
+    oldest = (
+        TaskEvent.objects.filter(task_id=task.pk)
+        .order_by("sequence_number")
+        .values_list("sequence_number", flat=True)
+        .first()
+    )
+    if oldest is None or cursor + 1 < oldest:
+        raise EventHistoryExpired(
+            f"Events of task {task.pk} before {oldest if oldest is not None else task.last_sequence + 1} "
+            "are no longer kept; read the task or response object instead"
+        )
+    return StreamStart(after=cursor)
 
 
 @dataclass(frozen=True)

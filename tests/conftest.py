@@ -6,6 +6,8 @@ import json
 import os
 import shutil
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +19,9 @@ from tasks_app.models import Client, ModelRecord
 from tasks_app.services.clients import client_create
 from tasks_app.services.models import model_scan
 from tests.support.db import database_url
+from tests.support.server import Server, uvicorn_process
 from tests.support.waiting import wait_until
-from tests.support.worker import WorkerProcess, celery_worker
+from tests.support.worker import RedisServer, WorkerProcess, celery_worker, private_redis
 
 # Every Redis key, queue and channel of this run carries its own prefix, so a
 # test run never touches a running service's queue (or another run's).
@@ -50,6 +53,16 @@ def _redis_namespace() -> Iterator[None]:
             client.delete(key)
     except Exception:  # cleanup of a scratch namespace; Redis may be gone
         pass
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _close_db_pool(django_db_setup) -> Iterator[None]:
+    """Views run in this process read through ``dbpool``; its connections
+    must close before the test database is dropped."""
+    yield
+    from tasks_app.dbpool import close_pool
+
+    close_pool()
 
 
 @pytest.fixture(scope="session")
@@ -179,3 +192,62 @@ def running_worker(transactional_db, demo_model, celery_worker_proc: WorkerProce
         lambda: not Task.objects.filter(status__in=ACTIVE_TASK_STATUSES).exists(),
         what="the worker did not let go of the test's tasks",
     )
+
+
+@pytest.fixture(scope="session")
+def web_server(django_db_setup, django_db_blocker, worker_models_root: Path) -> Iterator[Server]:
+    """One real uvicorn process for the session, on the test database.
+
+    Its tasks go to the worker's queue; streams send a keepalive every second.
+    """
+    from django.conf import settings
+
+    with django_db_blocker.unblock():
+        url = database_url()
+    env = {
+        "REDIS_URL": settings.REDIS_URL,
+        "LMSP_REDIS_PREFIX": REDIS_PREFIX,
+        "LMSP_TASK_QUEUE": WORKER_QUEUE,
+        "LMSP_MODELS_DIR": str(worker_models_root),
+        "LMSP_STREAM_KEEPALIVE_SECONDS": "1",
+    }
+    with uvicorn_process(url, env) as server:
+        yield server
+
+
+@dataclass
+class PrivateStack:
+    """A web server and a worker of their own, on a Redis the test may stop and start."""
+
+    base: str
+    token: str
+    redis: RedisServer
+    worker: WorkerProcess
+
+
+@pytest.fixture
+def private_stack(transactional_db, make_client, worker_models_root: Path, tmp_path: Path, settings):
+    """``with private_stack("name", env) as stack:`` a live web server, worker and Redis of the test's own."""
+    settings.LMSP_MODELS_DIR = worker_models_root
+    model_scan(models_dir=worker_models_root)
+    _, token = make_client("alice")
+
+    @contextmanager
+    def start(name: str, extra_env: dict[str, str] | None = None, beat: bool = False) -> Iterator[PrivateStack]:
+        queue = f"{REDIS_PREFIX}-{name}"
+        with private_redis(tmp_path) as redis_server:
+            env = {
+                "DATABASE_URL": database_url(),
+                "REDIS_URL": redis_server.url,
+                "LMSP_REDIS_PREFIX": REDIS_PREFIX,
+                "LMSP_TASK_QUEUE": queue,
+                "LMSP_MODELS_DIR": str(worker_models_root),
+                **(extra_env or {}),
+            }
+            with (
+                uvicorn_process(env["DATABASE_URL"], env) as server,
+                celery_worker(env=env, queue=queue, log_path=tmp_path / f"{name}-worker.log", beat=beat) as worker,
+            ):
+                yield PrivateStack(server.base, token, redis_server, worker)
+
+    return start

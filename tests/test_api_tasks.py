@@ -23,6 +23,7 @@ TASK_FIELDS = [
     "created_at",
     "updated_at",
     "response_id",
+    "events_url",
     "on_restart",
     "response",
     "error",
@@ -61,13 +62,11 @@ def test_create_answers_202_with_the_task_object(api):
     assert payload["response"]["id"] == body["response_id"]
 
 
-def test_events_url_follows_the_event_resume_capability(api, settings):
-    settings.LMSP_EVENT_RESUME = True
+def test_every_task_names_its_event_stream_and_event_resume_is_advertised(api):
     body = api.create_task().json()
     assert body["events_url"] == f"/lmsp/v1/tasks/{body['id']}/events"
+    assert api.get(f"/lmsp/v1/tasks/{body['id']}").json()["events_url"] == body["events_url"]
     assert api.get("/lmsp/v1/capabilities").json()["event_resume"] is True
-    settings.LMSP_EVENT_RESUME = False
-    assert "events_url" not in api.get(f"/lmsp/v1/tasks/{body['id']}").json()
 
 
 def test_on_restart_defaults_to_fail_and_resume_is_accepted_for_demo(api):

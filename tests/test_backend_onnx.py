@@ -581,3 +581,17 @@ def test_cuda_fallback_is_detected_after_session_creation(model_dir: Path, monke
     else:
         assert_load_fails(model_dir, "no CUDAExecutionProvider", device="cuda")
     assert OnnxRuntimeBackend().load(model_dir, device="auto").provider == "CPUExecutionProvider"
+
+
+def test_threads_do_not_spin_between_steps_unless_asked(model: OnnxModel, model_dir: Path) -> None:
+    # A spinning thread pool keeps a core busy while the worker commits and the
+    # web process streams; it is an opt-in for hosts that only generate.
+    key = "session.intra_op.allow_spinning"
+    assert model.session.get_session_options().get_session_config_entry(key) == "0"
+    spinning = OnnxRuntimeBackend().load(model_dir, device="cpu", spinning=True)
+    try:
+        # Not set at all: ONNX Runtime's default, which spins.
+        with pytest.raises(RuntimeError, match="does not have configuration"):
+            spinning.session.get_session_options().get_session_config_entry(key)
+    finally:
+        spinning.close()

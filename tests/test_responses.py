@@ -29,10 +29,3 @@ def test_a_key_whose_waiter_died_is_answered_once_its_task_ended(api):
     assert body["id"] == api.get(f"/lmsp/v1/tasks/{started.task_id}").json()["response_id"]
     assert body["status"] == "cancelled"
     assert api.post("/lmsp/v1/responses", BODY, headers=headers).content == after.content
-
-
-def test_stream_true_is_refused_until_streams_exist(api):
-    reply = api.post("/lmsp/v1/responses", {**BODY, "stream": True})
-
-    assert reply.status_code == 400
-    assert reply.json()["code"] == "unsupported_capability"

@@ -60,6 +60,7 @@ class ModelCache:
                 device_id=settings.LMSP_DEVICE_ID,
                 prefill_chunk=settings.LMSP_PREFILL_CHUNK,
                 intra_op_threads=settings.LMSP_INTRA_OP_THREADS or None,
+                spinning=settings.LMSP_ORT_SPINNING,
             )
             logger.info(
                 "model %s loaded on %s (device %s, id %d) in %.0f ms",

@@ -31,6 +31,8 @@ def problem_json_response(error: exc.LmspError, request: HttpRequest | None) -> 
     )
     for name, value in error.headers.items():
         response[name] = value
+    if isinstance(error, exc.Unauthorized) and "WWW-Authenticate" not in response:
+        response["WWW-Authenticate"] = 'Bearer realm="lmsp"'
     return response
 
 

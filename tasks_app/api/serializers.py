@@ -9,12 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
+from urllib.parse import urlencode
 
 from rest_framework import serializers
 
 from tasks_app.ids import TASK_PREFIX, is_prefixed_ulid
 from tasks_app.models import RestartPolicy, TaskStatus, TaskType
-from tasks_app.objects import response_object, task_object
+from tasks_app.objects import events_url, response_object, task_object, unix_seconds
 
 MAX_STOP_SEQUENCES = 4
 MAX_METADATA_PAIRS = 16
@@ -264,6 +265,19 @@ class ClientOutputSerializer(serializers.BaseSerializer):
     def to_representation(self, instance: Any) -> dict[str, Any]:
         client, token = instance
         return {"object": "client", "name": client.name, "scopes": client.scopes, "token": token}
+
+
+class StreamTokenOutputSerializer(serializers.BaseSerializer):
+    """A minted stream token and the URL an ``EventSource`` opens with it."""
+
+    def to_representation(self, instance: Any) -> dict[str, Any]:
+        return {
+            "object": "stream_token",
+            "token": instance.token,
+            "task_id": instance.task_id,
+            "expires_at": unix_seconds(instance.expires_at),
+            "events_url": f"{events_url(instance.task_id)}?{urlencode({'token': instance.token})}",
+        }
 
 
 def list_body(items: list[dict[str, Any]], has_more: bool) -> dict[str, Any]:

@@ -2,13 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-
-from asgiref.sync import sync_to_async
-from django.conf import settings
-from django.http import HttpRequest, HttpResponse
-from django.views.decorators.csrf import csrf_exempt
-from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.throttling import AnonRateThrottle
@@ -22,16 +15,17 @@ from tasks_app.api.serializers import (
     PairInputSerializer,
     ResponseOutputSerializer,
     ResponseRequestSerializer,
+    StreamTokenOutputSerializer,
     TaskCreateInputSerializer,
     TaskListQuerySerializer,
     TaskOutputSerializer,
     list_body,
 )
-from tasks_app.exceptions import UnsupportedCapability
 from tasks_app.services.capabilities import capabilities_describe
 from tasks_app.services.clients import pairing_code_redeem
 from tasks_app.services.idempotency import idempotency_key_validate, request_digest
-from tasks_app.services.responses import response_finish, response_start, response_task_finished
+from tasks_app.services.responses import response_start
+from tasks_app.services.stream_tokens import stream_token_mint
 from tasks_app.services.tasks import task_cancel, task_create
 
 READ = ("read",)
@@ -96,6 +90,17 @@ class TaskDetailView(ScopedAPIView):
         return Response(TaskOutputSerializer(task).data)
 
 
+class TaskStreamTokenView(ScopedAPIView):
+    """Mints a read-only token for one task's event stream, for ``EventSource``'s URL."""
+
+    scopes_by_method = {"POST": READ}
+
+    def post(self, request: Request, task_id: str) -> Response:
+        task = selectors.task_get_visible(client=request.user, task_id=task_id)
+        minted = stream_token_mint(client=request.user, task=task)
+        return Response(StreamTokenOutputSerializer(minted).data, status=201)
+
+
 class TaskCancelView(ScopedAPIView):
     scopes_by_method = {"POST": WRITE}
 
@@ -108,8 +113,9 @@ class TaskCancelView(ScopedAPIView):
 class ResponseCreateView(ScopedAPIView):
     """The synchronous half of ``POST /responses``: validate and accept.
 
-    Answers a replay or an error itself; for a new task it answers a bare 202
-    carrying ``lmsp_started``, which ``responses_create`` then waits on.
+    Answers a replay or an error itself; for a task to wait on or stream it
+    answers a bare 202 carrying ``lmsp_started``, which the async
+    ``responses_create`` then serves.
     """
 
     scopes_by_method = {"POST": WRITE}
@@ -117,16 +123,12 @@ class ResponseCreateView(ScopedAPIView):
     def post(self, request: Request) -> Response:
         key = idempotency_key_validate(request.headers.get("Idempotency-Key"))
         data = _validated(ResponseRequestSerializer, request.data)
-        if data.get("stream"):
-            raise UnsupportedCapability(
-                "stream: true is not served yet; create a task and poll it",
-                errors=[{"field": "stream", "message": "streaming responses are not available"}],
-            )
         started = response_start(
             client=request.user,
             request=data,
             idempotency_key=key,
             request_hash=request_digest(request.data) if key is not None else None,
+            stream=bool(data.get("stream")),
         )
         if started.replay is not None:
             reply = started.replay
@@ -134,37 +136,6 @@ class ResponseCreateView(ScopedAPIView):
         response = Response(status=202)
         response.lmsp_started = started
         return response
-
-
-_response_create = ResponseCreateView.as_view()
-
-
-def _accept_response(request: HttpRequest) -> HttpResponse:
-    response = _response_create(request)
-    response.render()
-    return response
-
-
-@csrf_exempt
-async def responses_create(request: HttpRequest) -> HttpResponse:
-    """``POST /responses`` (stream=false): accept as a task, wait for it to end, answer its response.
-
-    Async so that a long generation holds no thread while it waits: the
-    database is polled with a growing interval (a wake-up from Redis can
-    only shorten it, so nothing is lost if Redis is down).
-    """
-    response = await sync_to_async(_accept_response)(request)
-    started = getattr(response, "lmsp_started", None)
-    if started is None:
-        return response
-    delay, ceiling = 0.01, settings.LMSP_SYNC_POLL_MS / 1000
-    while not await sync_to_async(response_task_finished)(task_id=started.task_id):
-        await asyncio.sleep(delay)
-        delay = min(delay * 2, ceiling)
-    reply = await sync_to_async(response_finish)(
-        task_id=started.task_id, idempotency_record_id=started.idempotency_record_id
-    )
-    return HttpResponse(JSONRenderer().render(reply.body), status=reply.status, content_type="application/json")
 
 
 class ResponseDetailView(ScopedAPIView):

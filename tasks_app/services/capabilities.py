@@ -24,7 +24,7 @@ def capabilities_describe() -> dict[str, Any]:
         "object": "capabilities",
         "lmsp_version": LMSP_VERSION,
         "service_id": service_id_get(),
-        "event_resume": settings.LMSP_EVENT_RESUME,
+        "event_resume": True,
         "task_types": list(TaskType.values),
         "on_restart": list(RestartPolicy.values),
         "idempotency": True,

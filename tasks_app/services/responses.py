@@ -6,6 +6,10 @@ visible in ``GET /tasks``. The idempotency key stays ``in_progress`` until the
 task ended and the reply was stored, so a second request with the key meanwhile
 gets ``409 idempotency_key_in_use`` and a later one the same response again,
 even if the process that waited for the first answer died meanwhile.
+
+With ``stream: true`` the reply is the task's event stream. Its key is
+answered at once, with a reference to the task: a retry with the key gets
+the same events again (from its ``Last-Event-ID``), never a second run.
 """
 
 from __future__ import annotations
@@ -29,19 +33,31 @@ from tasks_app.services.idempotency import idempotency_claim_if_keyed, idempoten
 from tasks_app.services.tasks import Reply, task_accept
 
 RESPONSES_ENDPOINT = "responses"
+# The stored reply of a streamed request names the task whose events it was.
+EVENT_STREAM_CONTENT_TYPE = "text/event-stream"
 
 
 @dataclass(frozen=True)
 class ResponseStarted:
-    """A new task to wait for, or (``replay``) a stored reply to send as is."""
+    """A task to wait for or (``stream``) to stream, or (``replay``) a stored reply to send as is.
+
+    ``replayed`` marks a stream that an earlier request with the same key started.
+    """
 
     task_id: str | None = None
     idempotency_record_id: int | None = None
     replay: Reply | None = None
+    stream: bool = False
+    replayed: bool = False
 
 
 def response_start(
-    *, client: Client, request: Mapping[str, Any], idempotency_key: str | None, request_hash: str | None
+    *,
+    client: Client,
+    request: Mapping[str, Any],
+    idempotency_key: str | None,
+    request_hash: str | None,
+    stream: bool = False,
 ) -> ResponseStarted:
     with transaction.atomic():
         claim = idempotency_claim_if_keyed(
@@ -52,12 +68,24 @@ def response_start(
             settle=_settle_orphaned,
         )
         if claim is not None and claim.is_replay:
-            return ResponseStarted(replay=Reply.replay_of(claim))
+            reply = Reply.replay_of(claim)
+            if reply.headers.get("Content-Type") == EVENT_STREAM_CONTENT_TYPE:
+                return ResponseStarted(task_id=reply.body["task_id"], stream=True, replayed=True)
+            return ResponseStarted(replay=reply)
         task = task_accept(client=client, request=request, on_restart=RestartPolicy.FAIL)
         if claim is not None:
             claim.record.task = task
             claim.record.save(update_fields=["task"])
-    return ResponseStarted(task_id=task.id, idempotency_record_id=claim.record.pk if claim is not None else None)
+            if stream:
+                idempotency_complete(
+                    record=claim.record,
+                    status=200,
+                    body={"task_id": task.id, "response_id": task.response_id},
+                    headers={"Content-Type": EVENT_STREAM_CONTENT_TYPE},
+                )
+    return ResponseStarted(
+        task_id=task.id, idempotency_record_id=claim.record.pk if claim is not None else None, stream=stream
+    )
 
 
 def _settle_orphaned(record: IdempotencyKey) -> bool:

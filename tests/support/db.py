@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sqlite3
 from typing import Any
 from urllib.parse import quote
@@ -47,3 +48,38 @@ def count_rows(sql: str, params: tuple = ()) -> int:
         return conn.execute(sql, params).fetchone()[0]
     finally:
         conn.close()
+
+
+def open_database_handles(pid: int) -> int:
+    """How many database connections process ``pid`` holds open right now (Linux /proc).
+
+    SQLite: file descriptors on the database file itself (one per connection;
+    the -wal and -shm files are not counted). PostgreSQL: TCP sockets to the
+    server's port.
+    """
+    fd_dir = f"/proc/{pid}/fd"
+    targets = []
+    for name in os.listdir(fd_dir):
+        try:
+            targets.append(os.readlink(os.path.join(fd_dir, name)))
+        except OSError:
+            continue  # closed while we looked
+    sd = connection.settings_dict
+    if connection.vendor == "sqlite":
+        path = os.path.realpath(sd["NAME"])
+        return sum(1 for target in targets if target == path)
+    port = int(sd.get("PORT") or 5432)
+    inodes = {target[len("socket:[") : -1] for target in targets if target.startswith("socket:[")}
+    count = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as lines:
+                next(lines)
+                for line in lines:
+                    fields = line.split()
+                    remote_port = int(fields[2].rsplit(":", 1)[1], 16)
+                    if remote_port == port and fields[9] in inodes:
+                        count += 1
+        except FileNotFoundError:
+            continue
+    return count

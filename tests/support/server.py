@@ -10,6 +10,7 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -21,9 +22,22 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+@dataclass(frozen=True)
+class Server:
+    base: str
+    pid: int
+
+
 @contextmanager
 def uvicorn_server(database_url: str, extra_env: dict[str, str] | None = None) -> Iterator[str]:
     """Serve the ASGI app on a free port; yields its base URL."""
+    with uvicorn_process(database_url, extra_env) as server:
+        yield server.base
+
+
+@contextmanager
+def uvicorn_process(database_url: str, extra_env: dict[str, str] | None = None) -> Iterator[Server]:
+    """Serve the ASGI app on a free port; yields its URL and process id."""
     port = free_port()
     env = {**os.environ, "DATABASE_URL": database_url, **(extra_env or {})}
     proc = subprocess.Popen(
@@ -39,6 +53,8 @@ def uvicorn_server(database_url: str, extra_env: dict[str, str] | None = None) -
             "--no-access-log",
             "--log-level",
             "warning",
+            "--timeout-graceful-shutdown",
+            "3",
         ],
         cwd=REPO,
         env=env,
@@ -54,7 +70,7 @@ def uvicorn_server(database_url: str, extra_env: dict[str, str] | None = None) -
                 if proc.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError("uvicorn did not start") from None
                 time.sleep(0.1)
-        yield base
+        yield Server(base, proc.pid)
     finally:
         proc.terminate()
         try:

@@ -128,6 +128,7 @@ class Backend(Protocol):
         device_id: int = 0,
         prefill_chunk: int | None = None,
         intra_op_threads: int | None = None,
+        spinning: bool | None = None,
     ) -> LoadedModel:
         """Load a model folder. Raises ``tasks_app.exceptions.ModelLoadFailed``."""
         ...

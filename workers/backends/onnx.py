@@ -71,9 +71,12 @@ class OnnxRuntimeBackend:
 
     name = "onnxruntime"
 
-    def __init__(self, *, prefill_chunk: int = DEFAULT_PREFILL_CHUNK, intra_op_threads: int | None = None) -> None:
+    def __init__(
+        self, *, prefill_chunk: int = DEFAULT_PREFILL_CHUNK, intra_op_threads: int | None = None, spinning: bool = False
+    ) -> None:
         self.prefill_chunk = prefill_chunk
         self.intra_op_threads = intra_op_threads
+        self.spinning = spinning
 
     def load(
         self,
@@ -83,6 +86,7 @@ class OnnxRuntimeBackend:
         device_id: int = 0,
         prefill_chunk: int | None = None,
         intra_op_threads: int | None = None,
+        spinning: bool | None = None,
     ) -> OnnxModel:
         """Load a model folder onto ``device`` ("auto", "cpu" or "cuda").
 
@@ -96,6 +100,7 @@ class OnnxRuntimeBackend:
             device_id=device_id,
             prefill_chunk=prefill_chunk or self.prefill_chunk,
             intra_op_threads=intra_op_threads if intra_op_threads is not None else self.intra_op_threads,
+            spinning=spinning if spinning is not None else self.spinning,
         )
 
 
@@ -295,32 +300,40 @@ def cuda_device_count() -> int:
     return 0
 
 
-def _session_options(intra_op_threads: int | None) -> ort.SessionOptions:
+def _session_options(intra_op_threads: int | None, spinning: bool) -> ort.SessionOptions:
     options = ort.SessionOptions()
     # Errors only: provider-placement warnings would flood the worker log.
     options.log_severity_level = _ORT_ERRORS_ONLY
     if intra_op_threads:
         options.intra_op_num_threads = intra_op_threads
+    if not spinning:
+        # Spinning intra-op threads keep every core busy between steps; on a
+        # host that also serves the web and the database it starved the
+        # event streams (docs/streams.md). Off, the demo model runs as fast
+        # on half the CPU; large CPU models lose up to a quarter of speed.
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return options
 
 
-def _create_session(path: Path, providers: list[Any], intra_op_threads: int | None) -> ort.InferenceSession:
+def _create_session(
+    path: Path, providers: list[Any], intra_op_threads: int | None, spinning: bool
+) -> ort.InferenceSession:
     try:
-        return ort.InferenceSession(str(path), _session_options(intra_op_threads), providers=providers)
+        return ort.InferenceSession(str(path), _session_options(intra_op_threads, spinning), providers=providers)
     except Exception as exc:  # onnxruntime raises its own pybind exception types
         log.warning("onnxruntime could not load %s", path, exc_info=True)
         raise ModelLoadFailed(f"onnxruntime could not load {path.parent.name}/{path.name}: {_one_line(exc)}") from None
 
 
 def _open_session(
-    path: Path, device: str, device_id: int, intra_op_threads: int | None
+    path: Path, device: str, device_id: int, intra_op_threads: int | None, spinning: bool
 ) -> tuple[ort.InferenceSession, str]:
     """A session on the requested device and the device type its cache lives on ("cpu"/"cuda")."""
     if device not in DEVICES:
         raise ModelLoadFailed(f"unknown device {device!r}; use one of {', '.join(DEVICES)}")
     cuda = [(CUDA_PROVIDER, {"device_id": device_id}), CPU_PROVIDER]
     if device == "cpu":
-        return _create_session(path, [CPU_PROVIDER], intra_op_threads), "cpu"
+        return _create_session(path, [CPU_PROVIDER], intra_op_threads, spinning), "cpu"
     cuda_built = CUDA_PROVIDER in ort.get_available_providers()
     if device == "cuda":
         if not cuda_built:
@@ -328,7 +341,7 @@ def _open_session(
         count = cuda_device_count()
         if count <= device_id:
             raise ModelLoadFailed(f"CUDA requested but the CUDA driver reports {count} device(s); wanted #{device_id}")
-        session = _create_session(path, cuda, intra_op_threads)
+        session = _create_session(path, cuda, intra_op_threads, spinning)
         if session.get_providers()[0] != CUDA_PROVIDER:
             raise ModelLoadFailed(
                 f"CUDA requested but onnxruntime fell back to {session.get_providers()[0]} "
@@ -338,7 +351,7 @@ def _open_session(
     # auto: CUDA when it really works, else a clean CPU session.
     if cuda_built and cuda_device_count() > device_id:
         try:
-            session = _create_session(path, cuda, intra_op_threads)
+            session = _create_session(path, cuda, intra_op_threads, spinning)
         except ModelLoadFailed:
             session = None
         if session is not None and session.get_providers()[0] == CUDA_PROVIDER:
@@ -346,7 +359,7 @@ def _open_session(
         log.warning("CUDA device found but onnxruntime could not use it for %s; using the CPU", path.parent.name)
         if session is not None:
             return session, "cpu"  # it already fell back to the CPU provider alone
-    return _create_session(path, [CPU_PROVIDER], intra_op_threads), "cpu"
+    return _create_session(path, [CPU_PROVIDER], intra_op_threads, spinning), "cpu"
 
 
 # --------------------------------------------------------------------------- #
@@ -405,6 +418,7 @@ class OnnxModel:
         device_id: int = 0,
         prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
         intra_op_threads: int | None = None,
+        spinning: bool = False,
     ) -> None:
         if prefill_chunk < 1:
             raise ModelLoadFailed(f"prefill_chunk must be >= 1, got {prefill_chunk}")
@@ -428,7 +442,7 @@ class OnnxModel:
         self.context_length = _context_length(self.config, folder)
         self.defaults = SamplingDefaults.from_generation_config(self.generation_config)
 
-        self.session, self.device_type = _open_session(model_path, device, device_id, intra_op_threads)
+        self.session, self.device_type = _open_session(model_path, device, device_id, intra_op_threads, spinning)
         self.provider: str = self.session.get_providers()[0]
         self.graph = _graph_spec(self.session, self.config, folder)
         log.debug("model %s loaded on %s", self.name, self.provider)

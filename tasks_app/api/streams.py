@@ -1,0 +1,176 @@
+"""Async views: the event streams, and the two response endpoints that may stream or wait.
+
+They run on the event loop under uvicorn and hold no thread while a stream is
+open or a generation runs; the database reads of streams and waits go to
+``dbpool``. The DRF parts (accepting a request, the plain response object)
+run as ordinary request code. Everything decided before the first byte
+(auth, cursor, 404, 410) is an ordinary problem response; once the stream
+has started, it only ever carries events.
+"""
+
+from __future__ import annotations
+
+import re
+
+from asgiref.sync import sync_to_async
+from django.db import connection
+from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
+from django.views.decorators.csrf import csrf_exempt
+from rest_framework.renderers import JSONRenderer
+
+from tasks_app import selectors
+from tasks_app.api.problems import problem_json_response
+from tasks_app.api.views import ResponseCreateView, ResponseDetailView
+from tasks_app.auth import stream_reader_authenticate
+from tasks_app.dbpool import run_db
+from tasks_app.exceptions import InvalidRequest, LmspError, MethodNotAllowed
+from tasks_app.models import TERMINAL_TASK_STATUSES
+from tasks_app.selectors import StreamStart
+from tasks_app.services.responses import ResponseStarted, response_finish, response_task_finished
+from tasks_app.streams import follow
+from tasks_app.wakeups import Watch
+
+# A comment first, so that the headers go out at once even when the next
+# event is minutes away. (Not a ``retry:`` field: SDKs such as openai's
+# parse a block holding only ``retry`` as an event with empty data.)
+STREAM_OPENED = b": stream opened\n\n"
+_CURSOR = re.compile(r"[0-9]{1,10}")
+_MAX_CURSOR = 2**31 - 1
+
+
+def stream_cursor(request: HttpRequest) -> tuple[int | None, str]:
+    """The resume cursor and where it came from; the header wins (a browser's reconnect sends it)."""
+    raw = request.META.get("HTTP_LAST_EVENT_ID", "").strip()
+    field = "Last-Event-ID"
+    if not raw:
+        raw, field = request.GET.get("starting_after", ""), "starting_after"
+        if raw == "":
+            return None, field
+    if not _CURSOR.fullmatch(raw) or int(raw) > _MAX_CURSOR:
+        raise InvalidRequest(
+            f"{field} must be the sequence_number of an event (a non-negative integer)",
+            errors=[{"field": field, "message": "must be a non-negative integer"}],
+        )
+    return int(raw), field
+
+
+def _open_stream(
+    request: HttpRequest, *, task_id: str | None = None, response_id: str | None = None
+) -> tuple[str, StreamStart]:
+    reader = stream_reader_authenticate(request)
+    after, field = stream_cursor(request)
+    task = selectors.task_get_streamable(reader=reader, task_id=task_id, response_id=response_id)
+    return task.pk, selectors.task_stream_start(task=task, after=after, cursor_field=field)
+
+
+def _replay_start(request: HttpRequest, *, task_id: str) -> StreamStart:
+    after, field = stream_cursor(request)
+    task = selectors.task_stream_task(task_id=task_id)
+    return selectors.task_stream_start(task=task, after=after, cursor_field=field)
+
+
+def event_stream_response(task_id: str, start: StreamStart, headers: dict[str, str] | None = None) -> HttpResponse:
+    if start.finished:
+        # The client has the terminal event: 204 tells an EventSource to stop.
+        response = HttpResponse(status=204)
+    else:
+        response = StreamingHttpResponse(follow(task_id, start.after, preamble=STREAM_OPENED))
+        response["Content-Type"] = "text/event-stream; charset=utf-8"
+        response["Cache-Control"] = "no-cache"
+        # Tells nginx-style proxies not to buffer the stream.
+        response["X-Accel-Buffering"] = "no"
+    for name, value in (headers or {}).items():
+        response[name] = value
+    return response
+
+
+async def _serve_stream(
+    request: HttpRequest, *, task_id: str | None = None, response_id: str | None = None
+) -> HttpResponse:
+    """A GET's event stream, or the problem that refuses it before it starts."""
+    if request.method != "GET":
+        error = MethodNotAllowed(f"Method {request.method} is not allowed here", headers={"Allow": "GET"})
+        return problem_json_response(error, request)
+    try:
+        task_id, start = await run_db(_open_stream, request, task_id=task_id, response_id=response_id)
+    except LmspError as error:
+        return problem_json_response(error, request)
+    return event_stream_response(task_id, start)
+
+
+@csrf_exempt
+async def task_events(request: HttpRequest, task_id: str) -> HttpResponse:
+    """``GET /tasks/{id}/events``: the task's events as SSE (chapter 7.4)."""
+    return await _serve_stream(request, task_id=task_id)
+
+
+def _stream_flag(request: HttpRequest) -> bool:
+    raw = request.GET.get("stream", "false").lower()
+    if raw not in ("true", "false"):
+        raise InvalidRequest(
+            "stream must be true or false", errors=[{"field": "stream", "message": "must be true or false"}]
+        )
+    return raw == "true"
+
+
+_response_detail = ResponseDetailView.as_view()
+_response_create = ResponseCreateView.as_view()
+
+
+def _rendered(view, request: HttpRequest, **kwargs) -> HttpResponse:
+    response = view(request, **kwargs)
+    response.render()
+    return response
+
+
+def _accepted(request: HttpRequest) -> HttpResponse:
+    response = _rendered(_response_create, request)
+    if getattr(response, "lmsp_started", None) is not None and not connection.in_atomic_block:
+        # What follows (a stream, or a wait of minutes) reads through the
+        # pool; the request's own connection is given back now, not when
+        # the client goes away.
+        connection.close()
+    return response
+
+
+@csrf_exempt
+async def response_detail(request: HttpRequest, response_id: str) -> HttpResponse:
+    """``GET /responses/{id}``: the stored response, or with ``stream=true`` its events (resumable)."""
+    try:
+        stream = _stream_flag(request)
+    except LmspError as error:
+        return problem_json_response(error, request)
+    if not stream:
+        return await sync_to_async(_rendered)(_response_detail, request, response_id=response_id)
+    return await _serve_stream(request, response_id=response_id)
+
+
+@csrf_exempt
+async def responses_create(request: HttpRequest) -> HttpResponse:
+    """``POST /responses``: accept as a task; stream its events, or wait for it and answer the response.
+
+    Waiting holds no thread: wake-ups of the task's end (or, failing those,
+    a periodic read) end the wait.
+    """
+    response = await sync_to_async(_accepted)(request)
+    started: ResponseStarted | None = getattr(response, "lmsp_started", None)
+    if started is None:
+        return response
+    if started.stream:
+        return await _stream_started(request, started)
+    with Watch(started.task_id, statuses=TERMINAL_TASK_STATUSES) as watch:
+        while not await run_db(response_task_finished, task_id=started.task_id):
+            await watch.wait(watch.hub.poll_interval())
+    reply = await run_db(response_finish, task_id=started.task_id, idempotency_record_id=started.idempotency_record_id)
+    return HttpResponse(JSONRenderer().render(reply.body), status=reply.status, content_type="application/json")
+
+
+async def _stream_started(request: HttpRequest, started: ResponseStarted) -> HttpResponse:
+    if not started.replayed:
+        return event_stream_response(started.task_id, StreamStart(after=-1))
+    # A retry of a streamed request: the first request's events, from its cursor.
+    try:
+        start = await run_db(_replay_start, request, task_id=started.task_id)
+    except LmspError as error:
+        return problem_json_response(error, request)
+    return event_stream_response(started.task_id, start, headers={"Idempotent-Replayed": "true"})

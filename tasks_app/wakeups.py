@@ -1,0 +1,205 @@
+"""One Redis subscription per web process, fanned out to the streams and waits in it.
+
+Every winning lifecycle commit publishes ``{"task_id", "status",
+"last_sequence"}`` on ``<prefix>:tasks`` after it commits (``notify``). The hub
+listens on one connection for the whole process and pokes what watches that
+task. A message carries no event: whoever is poked reads the database, so a
+message lost (Redis down, restarted, slow) costs latency and never an event.
+
+While the subscription is down, ``connected`` is false and watchers poll on a
+short interval instead; the hub reconnects with backoff and pokes every
+watcher once it is subscribed again, so a commit made during the outage is
+read at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import weakref
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
+
+import redis
+import redis.asyncio
+from django.conf import settings
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+
+from tasks_app.notify import tasks_channel
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """What a wake-up announced: the task's status and newest sequence number after the commit."""
+
+    status: str
+    last_sequence: int
+
+
+# A poke gets the announced change, or None when the hub cannot know (it just
+# (re)subscribed or lost its subscription, and anything may have happened).
+Poke = Callable[[Change | None], None]
+
+
+class WakeHub:
+    """The process's subscription to task wake-ups, bound to one event loop."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.connected = False
+        self._watchers: dict[str, set[Poke]] = {}
+        self._listener: asyncio.Task | None = None
+
+    def watch(self, task_id: str, poke: Poke) -> None:
+        """Call ``poke`` for every wake-up of ``task_id`` until ``unwatch``.
+
+        Starts the subscription if this is the first watcher; a caller must
+        register before its first read of the task, so that a commit between
+        the read and the wait is never missed.
+        """
+        self._watchers.setdefault(task_id, set()).add(poke)
+        if self._listener is None or self._listener.done():
+            self._listener = self.loop.create_task(self._listen(), name="lmsp-wakeups")
+
+    def unwatch(self, task_id: str, poke: Poke) -> None:
+        watchers = self._watchers.get(task_id)
+        if watchers is not None:
+            watchers.discard(poke)
+            if not watchers:
+                del self._watchers[task_id]
+
+    @property
+    def watched_tasks(self) -> int:
+        return len(self._watchers)
+
+    def poll_interval(self) -> float:
+        """How long a watcher may wait before it reads the database anyway."""
+        if self.connected:
+            return settings.LMSP_STREAM_SAFETY_POLL_SECONDS
+        return settings.LMSP_STREAM_FALLBACK_POLL_MS / 1000
+
+    def _poke(self, task_id: str, change: Change | None) -> None:
+        for poke in list(self._watchers.get(task_id, ())):
+            poke(change)
+
+    def _poke_all(self) -> None:
+        for task_id in list(self._watchers):
+            self._poke(task_id, None)
+
+    def _on_message(self, data: bytes | str) -> None:
+        try:
+            message = json.loads(data)
+            task_id = str(message["task_id"])
+            change = Change(status=str(message["status"]), last_sequence=int(message["last_sequence"]))
+        except (ValueError, KeyError, TypeError):
+            logger.warning("ignored a malformed wake-up: %r", data[:200])
+            return
+        self._poke(task_id, change)
+
+    def _set_connected(self, connected: bool) -> None:
+        if connected != self.connected:
+            self.connected = connected
+            # Either way every watcher looks again: after a reconnect to read
+            # what was committed while deaf, after a loss to start polling.
+            self._poke_all()
+
+    async def _listen(self) -> None:
+        delay = 0.05
+        reported = False
+        while True:
+            client = redis.asyncio.Redis.from_url(
+                settings.REDIS_URL,
+                socket_connect_timeout=1,
+                health_check_interval=10,
+                # No silent reconnect inside redis-py: a loss must reach the
+                # code below, which pokes every watcher once subscribed again
+                # (messages published while deaf are gone).
+                retry=Retry(NoBackoff(), 0),
+            )
+            pubsub = client.pubsub()
+            try:
+                await pubsub.subscribe(tasks_channel())
+                while True:
+                    message = await pubsub.get_message(timeout=5)
+                    if message is None:
+                        raise redis.TimeoutError("no subscribe confirmation")
+                    if message["type"] == "subscribe":
+                        break
+                self._set_connected(True)
+                if reported:
+                    logger.warning("wake-ups: subscribed to Redis again")
+                delay, reported = 0.05, False
+                while True:
+                    message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=30)
+                    if message is not None and message["type"] == "message":
+                        self._on_message(message["data"])
+            except asyncio.CancelledError:
+                raise
+            except (redis.RedisError, OSError) as exc:
+                if not reported:
+                    logger.warning("wake-ups: Redis subscription lost (%s); streams poll the database", exc)
+                    reported = True
+            finally:
+                self._set_connected(False)
+                try:
+                    await pubsub.aclose()
+                    await client.aclose()
+                except (redis.RedisError, OSError):
+                    pass
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 2.0)
+
+
+_hubs: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, WakeHub] = weakref.WeakKeyDictionary()
+
+
+def wake_hub() -> WakeHub:
+    """The hub of the running event loop (uvicorn runs one loop per process)."""
+    loop = asyncio.get_running_loop()
+    hub = _hubs.get(loop)
+    if hub is None:
+        hub = _hubs[loop] = WakeHub(loop)
+    return hub
+
+
+class Watch:
+    """Wake-ups of one task as an awaitable flag; use as a context manager.
+
+    Enter it before the first read of the task, then alternate reads and
+    ``wait``: a poke that arrives during a read makes the next ``wait``
+    return at once. With ``statuses``, only changes to one of them (or an
+    unknown change) wake it.
+    """
+
+    def __init__(self, task_id: str, statuses: Collection[str] | None = None) -> None:
+        self.task_id = task_id
+        self.statuses = frozenset(statuses) if statuses is not None else None
+        self.hub = wake_hub()
+        self._event = asyncio.Event()
+
+    def _poke(self, change: Change | None) -> None:
+        # ``statuses`` spares a waiter for the end of a task a read per batch.
+        if change is None or self.statuses is None or change.status in self.statuses:
+            self._event.set()
+
+    def __enter__(self) -> Watch:
+        self.hub.watch(self.task_id, self._poke)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.hub.unwatch(self.task_id, self._poke)
+
+    async def wait(self, timeout: float) -> bool:
+        """Until poked (True) or ``timeout`` seconds passed (False)."""
+        try:
+            async with asyncio.timeout(timeout):
+                await self._event.wait()
+            return True
+        except TimeoutError:
+            return False
+        finally:
+            self._event.clear()
