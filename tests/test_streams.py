@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -246,16 +247,22 @@ def test_streams_share_one_subscription_and_hold_no_connection_each(api, transac
     from tests.support.db import open_database_handles
 
     tasks = [api.create_task(f"t{n}").json() for n in range(5)]
-    before = open_database_handles(web_server.pid)
+    before, threads_before = open_database_handles(web_server.pid), thread_count(web_server.pid)
     streams = _open_many(web_server.base, api.token, [t["id"] for t in tasks for _ in range(6)])
     try:
         subscribers = dict(redis_client().pubsub_numsub(tasks_channel()))[tasks_channel().encode()]
-        during = open_database_handles(web_server.pid)
+        during, threads_during = open_database_handles(web_server.pid), thread_count(web_server.pid)
     finally:
         for stream in streams:
             stream.close()
 
     # The web process subscribes once (a worker's cancel watcher may be the other).
     assert 1 <= subscribers <= 2
-    # Reads go through a small pool of connections, not one per stream.
+    # Reads go through a small pool of connections, not one per stream, and
+    # an open stream keeps no thread of Django's request handling either.
     assert during - before <= 4, (before, during)
+    assert threads_during - threads_before <= 6, (threads_before, threads_during)
+
+
+def thread_count(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/task"))

@@ -14,12 +14,13 @@ import re
 
 from asgiref.sync import sync_to_async
 from django.db import connection
-from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
+from django.http import HttpRequest, HttpResponse
 from django.views.decorators.csrf import csrf_exempt
 from rest_framework.renderers import JSONRenderer
 
 from tasks_app import selectors
 from tasks_app.api.problems import problem_json_response
+from tasks_app.api.sse import event_stream
 from tasks_app.api.views import ResponseCreateView, ResponseDetailView
 from tasks_app.auth import stream_reader_authenticate
 from tasks_app.dbpool import run_db
@@ -27,13 +28,8 @@ from tasks_app.exceptions import InvalidRequest, LmspError, MethodNotAllowed
 from tasks_app.models import TERMINAL_TASK_STATUSES
 from tasks_app.selectors import StreamStart
 from tasks_app.services.responses import ResponseStarted, response_finish, response_task_finished
-from tasks_app.streams import follow
 from tasks_app.wakeups import Watch
 
-# A comment first, so that the headers go out at once even when the next
-# event is minutes away. (Not a ``retry:`` field: SDKs such as openai's
-# parse a block holding only ``retry`` as an event with empty data.)
-STREAM_OPENED = b": stream opened\n\n"
 _CURSOR = re.compile(r"[0-9]{1,10}")
 _MAX_CURSOR = 2**31 - 1
 
@@ -69,16 +65,11 @@ def _replay_start(request: HttpRequest, *, task_id: str) -> StreamStart:
     return selectors.task_stream_start(task=task, after=after, cursor_field=field)
 
 
-def event_stream_response(task_id: str, start: StreamStart, headers: dict[str, str] | None = None) -> HttpResponse:
-    if start.finished:
-        # The client has the terminal event: 204 tells an EventSource to stop.
-        response = HttpResponse(status=204)
-    else:
-        response = StreamingHttpResponse(follow(task_id, start.after, preamble=STREAM_OPENED))
-        response["Content-Type"] = "text/event-stream; charset=utf-8"
-        response["Cache-Control"] = "no-cache"
-        # Tells nginx-style proxies not to buffer the stream.
-        response["X-Accel-Buffering"] = "no"
+def event_stream_response(
+    request: HttpRequest, task_id: str, start: StreamStart, headers: dict[str, str] | None = None
+) -> HttpResponse:
+    # The client has the terminal event: 204 tells an EventSource to stop.
+    response = HttpResponse(status=204) if start.finished else event_stream(request, task_id, start.after)
     for name, value in (headers or {}).items():
         response[name] = value
     return response
@@ -95,7 +86,7 @@ async def _serve_stream(
         task_id, start = await run_db(_open_stream, request, task_id=task_id, response_id=response_id)
     except LmspError as error:
         return problem_json_response(error, request)
-    return event_stream_response(task_id, start)
+    return event_stream_response(request, task_id, start)
 
 
 @csrf_exempt
@@ -167,10 +158,10 @@ async def responses_create(request: HttpRequest) -> HttpResponse:
 
 async def _stream_started(request: HttpRequest, started: ResponseStarted) -> HttpResponse:
     if not started.replayed:
-        return event_stream_response(started.task_id, StreamStart(after=-1))
+        return event_stream_response(request, started.task_id, StreamStart(after=-1))
     # A retry of a streamed request: the first request's events, from its cursor.
     try:
         start = await run_db(_replay_start, request, task_id=started.task_id)
     except LmspError as error:
         return problem_json_response(error, request)
-    return event_stream_response(started.task_id, start, headers={"Idempotent-Replayed": "true"})
+    return event_stream_response(request, started.task_id, start, headers={"Idempotent-Replayed": "true"})
