@@ -10,11 +10,10 @@ minted it, so revoking the client or its ``read`` scope ends it at once.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime
 
 from django.conf import settings
 from django.core import signing
-from django.utils import timezone
 
 from tasks_app.exceptions import Unauthorized
 from tasks_app.models import Client, Task
@@ -40,7 +39,10 @@ class StreamGrant:
 def stream_token_mint(*, client: Client, task: Task) -> StreamToken:
     """A token for ``task``'s event stream; the caller has checked that ``client`` sees it."""
     token = signing.dumps({"t": task.id, "c": client.pk}, salt=SALT, compress=False)
-    expires_at = timezone.now() + timedelta(seconds=settings.LMSP_STREAM_TOKEN_SECONDS)
+    # ``loads(max_age=...)`` counts from the timestamp signed into the token
+    # (``payload:timestamp:signature``), so the expiry we tell is that, exactly.
+    signed_at = signing.b62_decode(token.rsplit(":", 2)[-2])
+    expires_at = datetime.fromtimestamp(signed_at + settings.LMSP_STREAM_TOKEN_SECONDS, tz=UTC)
     return StreamToken(token=token, task_id=task.id, expires_at=expires_at)
 
 
