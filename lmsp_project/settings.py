@@ -157,6 +157,11 @@ LMSP_EVENT_RETENTION_SECONDS = _env_int("LMSP_EVENT_RETENTION_SECONDS", 7 * 24 *
 LMSP_TASK_RETENTION_SECONDS = _env_int("LMSP_TASK_RETENTION_SECONDS", 30 * 24 * 3600)
 LMSP_IDEMPOTENCY_TTL_SECONDS = _env_int("LMSP_IDEMPOTENCY_TTL_SECONDS", 24 * 3600)
 LMSP_PAIRING_CODE_TTL_SECONDS = _env_int("LMSP_PAIRING_CODE_TTL_SECONDS", 600)
+# Retention cleanup (lmsp_cleanup, and Celery beat this often): rows are
+# deleted in batches of this size, one short transaction each, so the writer
+# lock (SQLite) is never held for long.
+LMSP_CLEANUP_INTERVAL_SECONDS = _env_int("LMSP_CLEANUP_INTERVAL_SECONDS", 3600)
+LMSP_CLEANUP_BATCH_SIZE = _env_int("LMSP_CLEANUP_BATCH_SIZE", 500)
 # Largest request body accepted on the API, in bytes; larger -> 413.
 LMSP_MAX_REQUEST_BYTES = _env_int("LMSP_MAX_REQUEST_BYTES", 1024 * 1024)
 # Tasks allowed to wait in `queued` at once; more -> 429 queue_full.
@@ -184,6 +189,17 @@ LMSP_DELTA_BATCH_TOKENS = _env_int("LMSP_DELTA_BATCH_TOKENS", 16)
 LMSP_DELTA_BATCH_MS = _env_int("LMSP_DELTA_BATCH_MS", 50)
 # A worker holding a task writes its heartbeat at least this often.
 LMSP_HEARTBEAT_SECONDS = _env_int("LMSP_HEARTBEAT_SECONDS", 10)
+# The reaper (Celery beat, every LMSP_REAP_INTERVAL_SECONDS) treats a held
+# task whose heartbeat is older than this as abandoned by a dead worker and
+# applies its on_restart policy. Keep it several heartbeats long.
+LMSP_HEARTBEAT_TIMEOUT_SECONDS = _env_int("LMSP_HEARTBEAT_TIMEOUT_SECONDS", 60)
+LMSP_REAP_INTERVAL_SECONDS = _env_int("LMSP_REAP_INTERVAL_SECONDS", 15)
+# A task that has been started this many times and is found unfinished again
+# (a prompt that kills its worker, say) fails instead of being retried.
+LMSP_MAX_ATTEMPTS = _env_int("LMSP_MAX_ATTEMPTS", 3)
+# lmsp_recover asks the live workers of this installation which tasks they
+# run, and waits this long for their replies.
+LMSP_RECOVER_INSPECT_SECONDS = float(os.environ.get("LMSP_RECOVER_INSPECT_SECONDS", "1.0"))
 # Models kept loaded per worker process (least recently used goes first).
 LMSP_WORKER_MAX_MODELS = _env_int("LMSP_WORKER_MAX_MODELS", 2)
 # ONNX Runtime intra-op threads per worker process (0: ONNX Runtime's default,
