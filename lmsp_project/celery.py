@@ -1,9 +1,14 @@
 """The Celery app: a Redis broker carrying task ids to workers.
 
 Settings come from Django settings with the ``CELERY_`` prefix; the reasons
-for acks, prefetch and the visibility timeout are in docs/workers.md. Beat
-runs one periodic job, the sweeper that re-dispatches queued tasks whose
-message may have been lost.
+for acks, prefetch and the visibility timeout are in docs/workers.md.
+
+Beat schedules three periodic jobs on their own queue
+(``LMSP_MAINTENANCE_QUEUE``), which the beat node consumes itself, so that a
+worker busy with an hour-long generation never delays them: the sweeper
+(re-dispatches waiting tasks whose message may be lost), the reaper (applies
+the restart policy to tasks whose worker stopped reporting) and the retention
+cleanup. See docs/recovery.md.
 """
 
 from __future__ import annotations
@@ -20,12 +25,17 @@ app.conf.imports = ("workers.tasks",)
 
 
 @app.on_after_finalize.connect
-def _schedule_sweeper(sender: Celery, **kwargs: object) -> None:
+def _schedule_maintenance(sender: Celery, **kwargs: object) -> None:
     from django.conf import settings
 
-    interval = float(settings.LMSP_SWEEP_INTERVAL_SECONDS)
-    # A sweep waiting behind busy workers is worthless once the next one is
-    # due; expiring it keeps beat from piling them up in the queue.
-    sender.add_periodic_task(
-        interval, sender.signature("lmsp.sweep_queued", options={"expires": interval}), name="sweep queued tasks"
+    jobs = (
+        ("sweep waiting tasks", "lmsp.sweep_queued", settings.LMSP_SWEEP_INTERVAL_SECONDS),
+        ("reap abandoned tasks", "lmsp.reap_abandoned", settings.LMSP_REAP_INTERVAL_SECONDS),
+        ("retention cleanup", "lmsp.cleanup", settings.LMSP_CLEANUP_INTERVAL_SECONDS),
     )
+    for name, task, seconds in jobs:
+        interval = float(seconds)
+        # A run waiting in the queue is worthless once the next one is due;
+        # expiring it keeps beat from piling them up while the node is down.
+        options = {"expires": interval, "queue": settings.LMSP_MAINTENANCE_QUEUE}
+        sender.add_periodic_task(interval, sender.signature(task, options=options), name=name)

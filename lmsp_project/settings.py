@@ -176,6 +176,9 @@ LMSP_CLIENT_LAST_USED_RESOLUTION_SECONDS = _env_int("LMSP_CLIENT_LAST_USED_RESOL
 LMSP_REDIS_PREFIX = os.environ.get("LMSP_REDIS_PREFIX", "lmsp")
 # The Celery queue that carries task ids to workers.
 LMSP_TASK_QUEUE = os.environ.get("LMSP_TASK_QUEUE", LMSP_REDIS_PREFIX)
+# The queue of the periodic jobs (sweeper, reaper, cleanup), consumed by the
+# beat node, so that they never wait behind an hour-long generation.
+LMSP_MAINTENANCE_QUEUE = os.environ.get("LMSP_MAINTENANCE_QUEUE", f"{LMSP_TASK_QUEUE}-maintenance")
 
 # --- Workers ----------------------------------------------------------------
 # Inference device: auto (CUDA when it really loads, else CPU), cpu or cuda.
@@ -257,6 +260,9 @@ CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_WORKER_SEND_TASK_EVENTS = False
+# A generation survives a broker blip (Celery 6 would cancel it by default);
+# the claim, not the broker, decides whether a task runs again.
+CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = False
 CELERY_BEAT_SCHEDULE_FILENAME = str(DATA_DIR / "celerybeat-schedule")
 
 # Django's own body limit (admin forms); the API limit is enforced above.

@@ -165,7 +165,7 @@ class InternalError(LmspError):
 
 
 class ServerRestarted(LmspError):
-    """Raised when a task could not survive a restart under its ``fail`` policy."""
+    """Raised when a task is ended by a restart or by the death of its worker, as its policy says."""
 
     status, code, title = 500, "server_restarted", "Server restarted"
 

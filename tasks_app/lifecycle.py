@@ -43,7 +43,7 @@ from tasks_app.models import (
     TaskType,
 )
 from tasks_app.notify import task_changed_on_commit
-from tasks_app.objects import response_object
+from tasks_app.objects import message_item, response_object
 
 S = TaskStatus
 
@@ -64,6 +64,7 @@ CANCELABLE_VIA_BACKEND: frozenset[TaskStatus] = frozenset({S.LOADING, S.RUNNING}
 
 # The response status each task status implies, where it implies one.
 _RESPONSE_STATUS: Mapping[TaskStatus, ResponseStatus] = {
+    S.QUEUED: ResponseStatus.QUEUED,
     S.RUNNING: ResponseStatus.IN_PROGRESS,
     S.FAILED: ResponseStatus.FAILED,
     S.CANCELLED: ResponseStatus.CANCELLED,
@@ -72,6 +73,14 @@ _SUCCESS_EVENTS: Mapping[str, str] = {
     ResponseStatus.COMPLETED: "response.completed",
     ResponseStatus.INCOMPLETE: "response.incomplete",
 }
+
+
+class _Unset:
+    """The type of ``UNSET``: a keyword the caller did not pass (None is a value here)."""
+
+
+UNSET = _Unset()
+
 # Fields of the task row a caller may set alongside a move.
 _TASK_FIELDS = frozenset({"worker", "heartbeat_at", "attempts"})
 _RESPONSE_FIELDS = frozenset({"status", "output", "usage", "incomplete_details"})
@@ -182,6 +191,9 @@ def _commit(
     task_changes: Mapping[str, Any] | None,
     error: Mapping[str, Any] | None,
     snapshot: Mapping[str, Any] | None = None,
+    holder: str | None = None,
+    heartbeat_seen: datetime | _Unset | None = UNSET,
+    drop_snapshot: bool = False,
 ) -> TransitionResult:
     unknown = set(task_changes or {}) - _TASK_FIELDS
     if unknown:
@@ -205,7 +217,19 @@ def _commit(
             changes["status"] = to
         if error is not None:
             changes["error"] = dict(error)
-        won = Task.objects.filter(pk=task_id, status__in=sources).update(**changes)
+        claimed = Task.objects.filter(pk=task_id, status__in=sources)
+        if holder is not None:
+            # Fencing: a worker that lost its task to recovery or the reaper
+            # (and may still be generating) can no longer write to it.
+            claimed = claimed.filter(worker=holder)
+        if not isinstance(heartbeat_seen, _Unset):
+            # The reaper moves a task only if no heartbeat arrived since it looked.
+            claimed = (
+                claimed.filter(heartbeat_at=heartbeat_seen)
+                if heartbeat_seen
+                else claimed.filter(heartbeat_at__isnull=True)
+            )
+        won = claimed.update(**changes)
         # Read after the write: inside this transaction the row is ours
         # (PostgreSQL row lock, SQLite write lock), so the numbers are final.
         try:
@@ -248,6 +272,8 @@ def _commit(
             TaskEvent.objects.bulk_create(rows)
         if snapshot is not None:
             _store_snapshot(task, snapshot, now)
+        elif drop_snapshot:
+            TaskSnapshot.objects.filter(task_id=task.id).delete()
         task_changed_on_commit(task.id, task.status, task.last_sequence)
     return TransitionResult(won=True, task=task, events=tuple(rows))
 
@@ -271,6 +297,7 @@ def task_transition(
     task_changes: Mapping[str, Any] | None = None,
     error: Mapping[str, Any] | None = None,
     snapshot: Mapping[str, Any] | None = None,
+    holder: str | None = None,
 ) -> TransitionResult:
     """Move a task to ``to`` if it is still in one of ``sources``.
 
@@ -279,6 +306,7 @@ def task_transition(
     programming error, not a lost race). ``events`` are ``(type, fields)``
     pairs written with the move; the event the target status implies
     (``response.in_progress`` first, or the terminal event last) is added here.
+    ``holder`` (a worker's name) also requires the task's ``worker`` to be it.
     """
     to = TaskStatus(to)
     allowed = sources_for(to)
@@ -295,6 +323,7 @@ def task_transition(
         task_changes=task_changes,
         error=error,
         snapshot=snapshot,
+        holder=holder,
     )
 
 
@@ -306,6 +335,7 @@ def task_append_events(
     response_changes: Mapping[str, Any] | None = None,
     task_changes: Mapping[str, Any] | None = None,
     snapshot: Mapping[str, Any] | None = None,
+    holder: str | None = None,
 ) -> TransitionResult:
     """Append events (and progress) without a status change.
 
@@ -324,4 +354,126 @@ def task_append_events(
         task_changes=task_changes,
         error=None,
         snapshot=snapshot,
+        holder=holder,
     )
+
+
+def task_adopt(*, task_id: str, worker: str) -> TransitionResult:
+    """A worker takes over a task that recovery left ``running`` (or a cancel
+    made ``cancelling``) without a worker, to resume it from its snapshot.
+
+    A compare-and-set on an empty ``worker``: of several workers handed the
+    same task, one wins. The attempt is counted like a claim's.
+    """
+    return _commit(
+        task_id=task_id,
+        sources=ORPHANABLE,
+        to=None,
+        events=(),
+        response_changes=None,
+        task_changes={"worker": worker, "heartbeat_at": timezone.now(), "attempts": F("attempts") + 1},
+        error=None,
+        holder="",
+    )
+
+
+# --------------------------------------------------------------------------- #
+# Recovery (chapter 11.3): the only moves outside the table above
+# --------------------------------------------------------------------------- #
+
+R = RestartPolicy
+# Statuses a worker holds a task in (it has a ``worker`` and a heartbeat).
+HELD: frozenset[TaskStatus] = frozenset({S.LOADING, S.RUNNING, S.CANCELLING})
+# A task in one of these with an empty ``worker`` waits for a worker to adopt it.
+ORPHANABLE: frozenset[TaskStatus] = frozenset({S.RUNNING, S.CANCELLING})
+
+# Chapter 11.3, cell for cell: where a leftover task goes, by status found and policy.
+RECOVERY: Mapping[TaskStatus, Mapping[RestartPolicy, TaskStatus]] = {
+    S.QUEUED: {R.FAIL: S.FAILED, R.RETRY: S.QUEUED, R.RESUME: S.QUEUED},
+    S.LOADING: {R.FAIL: S.FAILED, R.RETRY: S.QUEUED, R.RESUME: S.QUEUED},
+    S.RUNNING: {R.FAIL: S.FAILED, R.RETRY: S.QUEUED, R.RESUME: S.RUNNING},
+    S.CANCELLING: {R.FAIL: S.CANCELLED, R.RETRY: S.CANCELLED, R.RESUME: S.CANCELLED},
+}
+# Besides its cell, recovery may fail a task it would otherwise run again
+# (its attempts are used up), except a cancelling one, whose cancel wins.
+_RECOVERY_ESCAPE: Mapping[TaskStatus, frozenset[TaskStatus]] = {
+    S.QUEUED: frozenset({S.FAILED}),
+    S.LOADING: frozenset({S.FAILED}),
+    S.RUNNING: frozenset({S.FAILED}),
+    S.CANCELLING: frozenset(),
+}
+
+
+def recovery_target(status: TaskStatus, policy: RestartPolicy) -> TaskStatus:
+    """The cell of chapter 11.3 for a task found in ``status`` with ``policy``."""
+    return RECOVERY[TaskStatus(status)][RestartPolicy(policy)]
+
+
+def task_recover(
+    *,
+    task_id: str,
+    found: TaskStatus,
+    to: TaskStatus,
+    worker: str,
+    heartbeat_at: datetime | None,
+    error: Mapping[str, Any] | None = None,
+) -> TransitionResult:
+    """Apply one recovery move to a task that no live worker holds.
+
+    A compare-and-set on the status, worker and heartbeat the caller saw: if
+    the task moved on, or its worker wrote a heartbeat since (it is alive),
+    nothing is written and ``won`` is False. One transaction holds the new
+    state and its event: ``response.failed`` for ``failed``,
+    ``response.cancelled`` for ``cancelled``; a move back to ``queued`` writes
+    no event (the rerun's ``response.in_progress`` opens the new attempt) and
+    forgets the snapshot; staying ``running`` only lets go of the worker, so
+    another can adopt the task and resume it. The caller dispatches the task
+    again where it is to run again.
+    """
+    found, to = TaskStatus(found), TaskStatus(to)
+    if found not in RECOVERY or (to not in RECOVERY[found].values() and to not in _RECOVERY_ESCAPE[found]):
+        raise TransitionNotAllowed(f"recovery does not move a task from {found} to {to}")
+    if found == S.QUEUED and to == S.QUEUED:
+        # Nothing to write: the task waits as it did; the caller re-sends it.
+        task = Task.objects.get(pk=task_id)
+        return TransitionResult(won=task.status == S.QUEUED, task=task)
+    task_changes: dict[str, Any] = {}
+    response_changes: dict[str, Any] | None = None
+    if to in (S.QUEUED, S.RUNNING):
+        task_changes = {"worker": "", "heartbeat_at": None}
+    if to in (S.FAILED, S.CANCELLED) and found in (S.RUNNING, S.CANCELLING):
+        # The response keeps what the event log already showed of the text.
+        response_changes = {"output": _committed_output(task_id)}
+    if to == S.QUEUED:
+        response_changes = {"output": [], "usage": None}
+    return _commit(
+        task_id=task_id,
+        sources=frozenset({found}),
+        to=None if to == found else to,
+        events=(),
+        response_changes=response_changes,
+        task_changes=task_changes,
+        error=error,
+        holder=worker,
+        heartbeat_seen=heartbeat_at,
+        drop_snapshot=to == S.QUEUED,
+    )
+
+
+def _committed_output(task_id: str) -> list[dict[str, Any]]:
+    """The output item of the current attempt as far as its deltas were committed."""
+    opened = (
+        TaskEvent.objects.filter(task_id=task_id, type="response.output_item.added")
+        .order_by("-sequence_number")
+        .values_list("sequence_number", "payload")
+        .first()
+    )
+    if opened is None:
+        return []
+    sequence, payload = opened
+    item_id = json.loads(payload)["item"]["id"]
+    deltas = TaskEvent.objects.filter(
+        task_id=task_id, type="response.output_text.delta", sequence_number__gt=sequence
+    ).order_by("sequence_number")
+    text = "".join(json.loads(p)["delta"] for p in deltas.values_list("payload", flat=True).iterator())
+    return [message_item(item_id, text, "incomplete")] if text else []

@@ -225,6 +225,10 @@ class Task(models.Model):
             models.Index(fields=["client", "status", "-id"], name="task_client_status_newest"),
             # Recovery, sweeper and reaper scan only unfinished tasks.
             models.Index(fields=["status", "id"], condition=Q(status__in=ACTIVE_TASK_STATUSES), name="task_active"),
+            # Retention cleanup finds finished tasks by the time they finished.
+            models.Index(
+                fields=["updated_at", "id"], condition=Q(status__in=TERMINAL_TASK_STATUSES), name="task_finished"
+            ),
         ]
 
     def __str__(self) -> str:

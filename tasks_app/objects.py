@@ -37,6 +37,16 @@ def response_object(response: Response) -> dict[str, Any]:
     }
 
 
+def output_text_part(text: str) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": []}
+
+
+def message_item(item_id: str, text: str | None, status: str) -> dict[str, Any]:
+    """An output message item; ``text`` None gives the empty item of ``output_item.added``."""
+    content = [] if text is None else [output_text_part(text)]
+    return {"id": item_id, "type": "message", "status": status, "role": "assistant", "content": content}
+
+
 def events_url(task_id: str) -> str:
     return f"/lmsp/v1/tasks/{task_id}/events"
 

@@ -6,7 +6,7 @@ import json
 import os
 import shutil
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -146,6 +146,18 @@ def is_postgres() -> bool:
     return connection.vendor == "postgresql"
 
 
+@pytest.fixture
+def queue(transactional_db, settings, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A task queue nobody consumes, for this test alone, emptied before and after."""
+    from tasks_app.notify import redis_client
+
+    name = f"{REDIS_PREFIX}-queue-{request.node.name}"
+    settings.LMSP_TASK_QUEUE = name
+    redis_client().delete(name)
+    yield name
+    redis_client().delete(name)
+
+
 @pytest.fixture(scope="session")
 def worker_models_root(tmp_path_factory: pytest.TempPathFactory, demo_models_root: Path) -> Path:
     """The worker's models folder: the demo model plus whatever a test adds."""
@@ -223,17 +235,24 @@ class PrivateStack:
     token: str
     redis: RedisServer
     worker: WorkerProcess
+    env: dict[str, str]
 
 
 @pytest.fixture
 def private_stack(transactional_db, make_client, worker_models_root: Path, tmp_path: Path, settings):
-    """``with private_stack("name", env) as stack:`` a live web server, worker and Redis of the test's own."""
+    """``with private_stack("name", env) as stack:`` a live web server, worker and Redis of the test's own.
+
+    With ``web=False`` there is no web server (``base`` is empty): the test
+    runs its own from ``stack.env``, to kill and restart it.
+    """
     settings.LMSP_MODELS_DIR = worker_models_root
     model_scan(models_dir=worker_models_root)
     _, token = make_client("alice")
 
     @contextmanager
-    def start(name: str, extra_env: dict[str, str] | None = None, beat: bool = False) -> Iterator[PrivateStack]:
+    def start(
+        name: str, extra_env: dict[str, str] | None = None, beat: bool = False, web: bool = True
+    ) -> Iterator[PrivateStack]:
         queue = f"{REDIS_PREFIX}-{name}"
         with private_redis(tmp_path) as redis_server:
             env = {
@@ -245,9 +264,9 @@ def private_stack(transactional_db, make_client, worker_models_root: Path, tmp_p
                 **(extra_env or {}),
             }
             with (
-                uvicorn_process(env["DATABASE_URL"], env) as server,
+                uvicorn_process(env["DATABASE_URL"], env) if web else nullcontext() as server,
                 celery_worker(env=env, queue=queue, log_path=tmp_path / f"{name}-worker.log", beat=beat) as worker,
             ):
-                yield PrivateStack(server.base, token, redis_server, worker)
+                yield PrivateStack(server.base if server else "", token, redis_server, worker, env)
 
     return start

@@ -32,4 +32,4 @@ def test_task_created_while_the_broker_is_down_runs_after_it_returns(private_sta
         current = wait_until(finished, what=lambda: f"the task never ended:\n{stack.worker.log()[-3000:]}", timeout=90)
         assert current["status"] == "succeeded"
         assert current["response"]["usage"]["output_tokens"] == 8
-        assert "sweeper re-dispatched 1 queued task(s): " + task["id"] in stack.worker.log()
+        assert "sweeper re-dispatched 1 waiting task(s): " + task["id"] in stack.worker.log()

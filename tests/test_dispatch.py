@@ -6,32 +6,13 @@ import base64
 import json
 from datetime import timedelta
 
-import pytest
 from django.conf import settings
 from django.utils import timezone
 
 from tasks_app.models import Task, TaskStatus
 from tasks_app.notify import key, redis_client
 from tasks_app.services.dispatch import queued_tasks_sweep
-
-
-@pytest.fixture
-def queue(transactional_db, settings):
-    name = f"{settings.LMSP_REDIS_PREFIX}-dispatch-test"
-    settings.LMSP_TASK_QUEUE = name
-    redis_client().delete(name)
-    yield name
-    redis_client().delete(name)
-
-
-def queued_ids(name: str) -> list[str]:
-    """Task ids in the queue's messages, oldest first."""
-    out = []
-    for raw in reversed(redis_client().lrange(name, 0, -1)):
-        message = json.loads(raw)
-        body = json.loads(base64.b64decode(message["body"]))
-        out.append(body[0][0])
-    return out
+from tests.support.queues import queued_ids
 
 
 def marked(task_id: str) -> bool:

@@ -28,9 +28,10 @@ from django.db.models import F
 from django.utils import timezone
 
 from tasks_app import lifecycle
-from tasks_app.exceptions import BackendError, LmspError, ModelLoadFailed, TaskNotFound
+from tasks_app.exceptions import BackendError, LmspError, ModelLoadFailed, ServerRestarted, TaskNotFound
 from tasks_app.ids import new_message_id
-from tasks_app.models import Response, ResponseStatus, TaskStatus
+from tasks_app.models import Response, ResponseStatus, TaskSnapshot, TaskStatus
+from tasks_app.objects import message_item, output_text_part
 from tasks_app.services.dispatch import dispatch_marker_clear
 from workers.backends.base import (
     FINISH_CANCELLED,
@@ -46,19 +47,7 @@ logger = logging.getLogger(__name__)
 
 S = TaskStatus
 EventSpec = tuple[str, Mapping[str, Any]]
-# Statuses in which a worker holds a task (and keeps its heartbeat).
-HELD = (S.LOADING, S.RUNNING, S.CANCELLING)
 _DETAIL_LIMIT = 500
-
-
-def message_item(item_id: str, text: str | None, status: str) -> dict[str, Any]:
-    """An output message item; ``text`` None gives the empty item of ``output_item.added``."""
-    content = [] if text is None else [output_text_part(text)]
-    return {"id": item_id, "type": "message", "status": status, "role": "assistant", "content": content}
-
-
-def output_text_part(text: str) -> dict[str, Any]:
-    return {"type": "output_text", "text": text, "annotations": []}
 
 
 def _usage(generation: Generation | None) -> dict[str, int] | None:
@@ -84,12 +73,13 @@ class Heartbeat:
     """Writes ``heartbeat_at`` while a model loads or a long prefill runs.
 
     Batch commits refresh the heartbeat themselves; this thread covers the
-    stretches without commits, so that recovery can tell a live worker from
+    stretches without commits, so that the reaper can tell a live worker from
     a dead one.
     """
 
-    def __init__(self, task_id: str, interval: float) -> None:
+    def __init__(self, task_id: str, worker: str, interval: float) -> None:
         self.task_id = task_id
+        self.worker = worker
         self.interval = interval
         self._last = time.monotonic()
         self._stop = threading.Event()
@@ -115,7 +105,10 @@ class Heartbeat:
                 self._last = time.monotonic()
                 try:
                     result = lifecycle.task_append_events(
-                        task_id=self.task_id, expected=HELD, task_changes={"heartbeat_at": timezone.now()}
+                        task_id=self.task_id,
+                        expected=lifecycle.HELD,
+                        task_changes={"heartbeat_at": timezone.now()},
+                        holder=self.worker,
                     )
                 except Exception:  # a missed heartbeat must not kill the run
                     logger.warning("heartbeat for %s failed", self.task_id, exc_info=True)
@@ -131,6 +124,7 @@ class _Run:
     """The state of one generation as far as the event log knows it."""
 
     task_id: str
+    worker: str
     item_id: str
     heartbeat: Heartbeat
     generation: Generation | None = None
@@ -162,8 +156,10 @@ class _Run:
 def task_execute(*, task_id: str, worker: str) -> str:
     """Run one task to a terminal state; returns what happened (for the log and tests).
 
-    Never raises for a task's own failure: load errors and backend errors end
-    the task as ``failed`` and the worker process goes on to the next task.
+    Claims a queued task, or adopts one that recovery left ``running``
+    without a worker and resumes it from its snapshot. Never raises for a
+    task's own failure: load errors and backend errors end the task as
+    ``failed`` and the worker process goes on to the next task.
     """
     dispatch_marker_clear(task_id=task_id)
     close_old_connections()
@@ -178,34 +174,79 @@ def task_execute(*, task_id: str, worker: str) -> str:
     except TaskNotFound:
         logger.info("dropped message for task %s: no such task", task_id)
         return "missing"
+    resuming = False
+    if not claim.won and claim.task.status in lifecycle.ORPHANABLE and claim.task.worker == "":
+        claim = lifecycle.task_adopt(task_id=task_id, worker=worker)
+        resuming = claim.won
     if not claim.won:
         logger.info("dropped message for task %s: it is %s, not queued", task_id, claim.task.status)
         return "dropped"
-    logger.info("task %s claimed by %s", task_id, worker)
+    logger.info("task %s %s by %s", task_id, "adopted to resume" if resuming else "claimed", worker)
     cancelled = cancel_watcher.watch(task_id)
     try:
-        with Heartbeat(task_id, settings.LMSP_HEARTBEAT_SECONDS) as heartbeat:
-            return _run(task_id, cancelled, heartbeat)
+        with Heartbeat(task_id, worker, settings.LMSP_HEARTBEAT_SECONDS) as heartbeat:
+            if resuming:
+                return _resume(task_id, worker, claim.task.status, cancelled, heartbeat)
+            return _run(task_id, worker, cancelled, heartbeat)
     finally:
         cancel_watcher.unwatch(task_id)
 
 
-def _run(task_id: str, cancelled: threading.Event, heartbeat: Heartbeat) -> str:
-    response = Response.objects.only("id", "model", "request").get(task__id=task_id)
-    run = _Run(task_id=task_id, item_id=new_message_id(), heartbeat=heartbeat)
+def _load(run: _Run, model_name: str, sources: Sequence[TaskStatus]) -> LoadedModel | str:
+    """The loaded model, or the outcome of failing the task because it would not load."""
     try:
-        model = model_cache().get(response.model)
+        return model_cache().get(model_name)
     except ModelLoadFailed as exc:
-        logger.warning("task %s: %s", task_id, exc.detail)
-        return _fail(run, exc.to_problem(), sources=[S.LOADING])
+        logger.warning("task %s: %s", run.task_id, exc.detail)
+        return _fail(run, exc.to_problem(), sources=sources)
     except Exception:
-        logger.exception("task %s: loading model %s failed", task_id, response.model)
-        return _fail(run, ModelLoadFailed(f"Model {response.model!r} could not be loaded").to_problem(), [S.LOADING])
+        logger.exception("task %s: loading model %s failed", run.task_id, model_name)
+        return _fail(run, ModelLoadFailed(f"Model {model_name!r} could not be loaded").to_problem(), sources)
+
+
+def _run(task_id: str, worker: str, cancelled: threading.Event, heartbeat: Heartbeat) -> str:
+    response = Response.objects.only("id", "model", "request").get(task__id=task_id)
+    run = _Run(task_id=task_id, worker=worker, item_id=new_message_id(), heartbeat=heartbeat)
+    model = _load(run, response.model, [S.LOADING])
+    if isinstance(model, str):
+        return model
     try:
         return _generate(run, model, response.request, cancelled)
     except Exception as exc:
         logger.exception("task %s: backend error", task_id)
         return _fail(run, _backend_problem(exc), sources=[S.LOADING, S.RUNNING])
+
+
+def _resume(task_id: str, worker: str, status: str, cancelled: threading.Event, heartbeat: Heartbeat) -> str:
+    """Continue a task from its snapshot: the same output item, right after its last committed event."""
+    response = Response.objects.only("id", "model", "request").get(task__id=task_id)
+    snapshot = TaskSnapshot.objects.filter(task_id=task_id).values_list("data", flat=True).first()
+    backend_state = (snapshot or {}).get("backend")
+    item_id = (snapshot or {}).get("item_id")
+    run = _Run(task_id=task_id, worker=worker, item_id=item_id or new_message_id(), heartbeat=heartbeat)
+    if not isinstance(backend_state, dict) or not item_id:
+        problem = ServerRestarted("The service restarted and the task has no snapshot to resume from").to_problem()
+        return _fail(run, problem, sources=[S.RUNNING]) if status == S.RUNNING else _cancelled(run)
+    run.committed_text = [str(backend_state.get("text", ""))]
+    if status == S.CANCELLING:
+        # Cancelled while it waited for a worker: nothing to generate.
+        return _cancelled(run)
+    model = _load(run, response.model, [S.RUNNING])
+    if isinstance(model, str):
+        return model
+    try:
+        params = SamplingParams.from_request(response.request)
+        run.generation = model.resume(backend_state, params, should_stop=cancelled.is_set)
+        logger.info(
+            "task %s resumed after %d output tokens, seed %d",
+            task_id,
+            run.generation.output_tokens,
+            run.generation.seed,
+        )
+        return _stream(run, cancelled)
+    except Exception as exc:
+        logger.exception("task %s: backend error", task_id)
+        return _fail(run, _backend_problem(exc), sources=[S.RUNNING])
 
 
 def _generate(run: _Run, model: LoadedModel, request: Mapping[str, Any], cancelled: threading.Event) -> str:
@@ -228,13 +269,19 @@ def _generate(run: _Run, model: LoadedModel, request: Mapping[str, Any], cancell
         ],
         task_changes={"heartbeat_at": timezone.now()},
         snapshot=run.snapshot(),
+        holder=run.worker,
     )
     if not started.won:
         return _after_lost_race(run, started.task.status)
     logger.info(
         "task %s running: %d prompt tokens, seed %d", run.task_id, run.generation.prompt_tokens, run.generation.seed
     )
+    return _stream(run, cancelled)
 
+
+def _stream(run: _Run, cancelled: threading.Event) -> str:
+    """Generate to the end, committing deltas in batches."""
+    assert run.generation is not None
     max_tokens = max(1, settings.LMSP_DELTA_BATCH_TOKENS)
     window = settings.LMSP_DELTA_BATCH_MS / 1000
     for step in run.generation:
@@ -265,6 +312,7 @@ def _commit_batch(run: _Run) -> str | None:
         events=run.pending,
         task_changes={"heartbeat_at": timezone.now()},
         snapshot=run.snapshot(),
+        holder=run.worker,
     )
     if not result.won:
         return _after_lost_race(run, result.task.status)
@@ -301,6 +349,7 @@ def _succeed(run: _Run) -> str:
         },
         task_changes={"heartbeat_at": timezone.now()},
         snapshot=run.snapshot(),
+        holder=run.worker,
     )
     if not done.won:
         return _after_lost_race(run, done.task.status)
@@ -321,16 +370,17 @@ def _cancelled(run: _Run) -> str:
         to=S.CANCELLED,
         sources=[S.CANCELLING],
         response_changes={"output": _partial_output(run), "usage": _usage(run.generation)},
+        holder=run.worker,
     )
     if result.won:
         logger.info("task %s cancelled", run.task_id)
         return "cancelled"
-    logger.warning("task %s: expected cancelling, found %s", run.task_id, result.task.status)
+    logger.warning("task %s: expected cancelling and ours, found %s", run.task_id, result.task.status)
     return str(result.task.status)
 
 
 def _after_lost_race(run: _Run, status: str) -> str:
-    """Another writer moved the task: honour a cancel, otherwise just stop."""
+    """Another writer moved the task (or took it over): honour a cancel, otherwise just stop."""
     if status == S.CANCELLING:
         return _cancelled(run)
     logger.warning("task %s left to %s by another writer; stopping", run.task_id, status)
@@ -344,6 +394,7 @@ def _fail(run: _Run, problem: Mapping[str, Any], sources: Sequence[TaskStatus]) 
         sources=sources,
         error=problem,
         response_changes={"output": _partial_output(run), "usage": _usage(run.generation)},
+        holder=run.worker,
     )
     if result.won:
         logger.info("task %s failed: %s", run.task_id, problem.get("code"))

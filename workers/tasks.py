@@ -1,13 +1,20 @@
-"""Celery tasks are interfaces: take an id, call one service."""
+"""Celery tasks are interfaces: take an id (or nothing), call one service."""
 
 from __future__ import annotations
 
 import os
+from dataclasses import asdict
 
 from celery import Task, shared_task
 
 from tasks_app.services.dispatch import RUN_TASK, queued_tasks_sweep
+from tasks_app.services.recovery import abandoned_tasks_reap
+from tasks_app.services.retention import retention_cleanup
 from workers.execution import task_execute
+
+SWEEP_TASK = "lmsp.sweep_queued"
+REAP_TASK = "lmsp.reap_abandoned"
+CLEANUP_TASK = "lmsp.cleanup"
 
 
 @shared_task(name=RUN_TASK, bind=True, ignore_result=True)
@@ -16,6 +23,16 @@ def run_task(self: Task, task_id: str) -> str:
     return task_execute(task_id=task_id, worker=worker)
 
 
-@shared_task(name="lmsp.sweep_queued", ignore_result=True, acks_late=False)
+@shared_task(name=SWEEP_TASK, ignore_result=True, acks_late=False)
 def sweep_queued() -> int:
     return len(queued_tasks_sweep())
+
+
+@shared_task(name=REAP_TASK, ignore_result=True, acks_late=False)
+def reap_abandoned() -> int:
+    return abandoned_tasks_reap().moved
+
+
+@shared_task(name=CLEANUP_TASK, ignore_result=True, acks_late=False)
+def cleanup() -> dict[str, int]:
+    return asdict(retention_cleanup())

@@ -20,9 +20,11 @@ from functools import partial
 import redis
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 from kombu.exceptions import KombuError
 
+from tasks_app import lifecycle
 from tasks_app.models import Task, TaskStatus
 from tasks_app.notify import key, redis_client
 
@@ -68,17 +70,18 @@ def dispatch_marker_clear(*, task_id: str) -> None:
 
 
 def queued_tasks_sweep(*, grace_seconds: int | None = None) -> list[str]:
-    """Re-dispatch queued tasks older than the grace period that no message vouches for.
+    """Re-dispatch waiting tasks older than the grace period that no message vouches for.
 
-    Returns the ids sent. The grace period keeps the sweeper from racing the
-    dispatch that follows a task's creation.
+    Waiting means queued, or left by recovery without a worker to be resumed
+    (``running``/``cancelling`` with an empty ``worker``). Returns the ids
+    sent. The grace period keeps the sweeper from racing the dispatch that
+    follows a task's creation or recovery.
     """
     grace = settings.LMSP_SWEEP_GRACE_SECONDS if grace_seconds is None else grace_seconds
     cutoff = timezone.now() - timedelta(seconds=grace)
+    waiting = Q(status=TaskStatus.QUEUED) | Q(status__in=lifecycle.ORPHANABLE, worker="")
     candidates = list(
-        Task.objects.filter(status=TaskStatus.QUEUED, updated_at__lte=cutoff)
-        .order_by("id")
-        .values_list("id", flat=True)[:SWEEP_BATCH]
+        Task.objects.filter(waiting, updated_at__lte=cutoff).order_by("id").values_list("id", flat=True)[:SWEEP_BATCH]
     )
     if not candidates:
         return []
@@ -93,5 +96,5 @@ def queued_tasks_sweep(*, grace_seconds: int | None = None) -> list[str]:
     unmarked = [task_id for task_id, has in zip(candidates, marked, strict=True) if not has]
     sent = [task_id for task_id in unmarked if task_dispatch(task_id=task_id)]
     if sent:
-        logger.info("sweeper re-dispatched %d queued task(s): %s", len(sent), ", ".join(sent[:10]))
+        logger.info("sweeper re-dispatched %d waiting task(s): %s", len(sent), ", ".join(sent[:10]))
     return sent

@@ -38,9 +38,23 @@ class WorkerProcess:
 
 @contextmanager
 def celery_worker(
-    *, env: dict[str, str], queue: str, log_path: Path, beat: bool = False, name: str = "test"
+    *,
+    env: dict[str, str],
+    queue: str,
+    log_path: Path,
+    beat: bool = False,
+    name: str = "test",
+    concurrency: int = 1,
+    maintenance: bool | None = None,
 ) -> Iterator[WorkerProcess]:
-    """``celery worker`` (prefork, one child) on ``queue``, started as the README starts it."""
+    """``celery worker`` (prefork, ``concurrency`` children) on ``queue``, started as the README starts it.
+
+    With ``beat`` it also runs beat and, unless ``maintenance`` is False,
+    consumes the maintenance queue (sweeper, reaper, cleanup) beside ``queue``.
+    """
+    queues = [queue]
+    if maintenance or (maintenance is None and beat):
+        queues.append(maintenance_queue(queue))
     command = [
         sys.executable,
         "-m",
@@ -51,9 +65,9 @@ def celery_worker(
         "--pool",
         "prefork",
         "--concurrency",
-        "1",
+        str(concurrency),
         "--queues",
-        queue,
+        ",".join(queues),
         "--hostname",
         f"{name}@%h",
         "--loglevel",
@@ -67,7 +81,7 @@ def celery_worker(
         proc = subprocess.Popen(
             command,
             cwd=REPO,
-            env={**os.environ, **env, "LMSP_TASK_QUEUE": queue},
+            env={**os.environ, "LMSP_TASK_QUEUE": queue, **env},
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
@@ -78,6 +92,20 @@ def celery_worker(
         yield worker
     finally:
         stop_process_group(proc)
+
+
+def maintenance_queue(queue: str) -> str:
+    """The maintenance queue the settings derive from a task queue (LMSP_MAINTENANCE_QUEUE)."""
+    return f"{queue}-maintenance"
+
+
+def kill_process_group(proc: subprocess.Popen) -> None:
+    """SIGKILL a worker, parent and children at once: a crash, not a shutdown."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
 
 
 def stop_process_group(proc: subprocess.Popen, timeout: float = 15) -> None:

@@ -1,0 +1,34 @@
+"""lmsp_recover: apply the restart policies (chapter 11.3) to leftover tasks; run at service start."""
+
+from __future__ import annotations
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from tasks_app.services.recovery import leftover_tasks_recover, live_workers_inspect
+
+
+class Command(BaseCommand):
+    help = (
+        "Move every unfinished task that no live worker holds as its on_restart policy says "
+        "(fail, retry, resume), one task per transaction. Run it before workers start; "
+        "running it again changes nothing."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "--inspect-timeout",
+            type=float,
+            default=None,
+            help="seconds to wait for live workers to say what they run (default LMSP_RECOVER_INSPECT_SECONDS)",
+        )
+        parser.add_argument("--batch-size", type=int, default=500, help="tasks read per query of the scan")
+
+    def handle(self, *args, **options) -> None:
+        if options["batch_size"] < 1:
+            raise CommandError("--batch-size must be at least 1")
+        live = live_workers_inspect(timeout=options["inspect_timeout"])
+        summary = leftover_tasks_recover(live=live, batch_size=options["batch_size"])
+        workers = ", ".join(summary.live_workers) or "none"
+        self.stdout.write(f"lmsp_recover: live workers: {workers}")
+        for line in summary.lines():
+            self.stdout.write(f"lmsp_recover: {line}")

@@ -1,0 +1,194 @@
+"""Retention cleanup (PROFILE.md section 8, persistence 11.2).
+
+Finished tasks, their responses, snapshots and events are kept for a
+configurable time; events may go first (the task stays readable and its
+events answer ``410 event_history_expired``). Expired idempotency keys and
+pairing codes go too.
+
+Chapter 11.2 forbids deleting unfinished tasks during cleanup, so every
+statement here that deletes a task or an event carries ``status IN
+(terminal)`` itself: a task that is still queued, loading, running or
+cancelling cannot match, whatever its timestamps say. A terminal task never
+changes again, so its ``updated_at`` is the time it finished.
+
+Work is done in bounded batches: select at most ``batch_size`` primary keys,
+delete those in one short transaction, repeat until a batch comes back short.
+On SQLite a transaction holds the only writer lock (IMMEDIATE mode), so one
+long transaction around everything would stall every worker and request for
+as long as the cleanup runs; on PostgreSQL it would hold row locks and bloat
+for as long. The selects run outside the transactions, and each delete
+repeats the select's conditions, so a row that changed in between is left
+alone rather than deleted on stale information.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import QuerySet
+from django.utils import timezone
+
+from tasks_app.models import (
+    TERMINAL_TASK_STATUSES,
+    IdempotencyKey,
+    PairingCode,
+    Response,
+    Task,
+    TaskEvent,
+    TaskSnapshot,
+)
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class CleanupSummary:
+    """How many rows one cleanup run deleted, per table."""
+
+    events: int = 0
+    tasks: int = 0
+    responses: int = 0
+    snapshots: int = 0
+    idempotency_keys: int = 0
+    pairing_codes: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.events + self.tasks + self.responses + self.snapshots + self.idempotency_keys + self.pairing_codes
+
+    def describe(self) -> str:
+        """One readable line, always naming every category in the same order."""
+
+        def count(n: int, singular: str, plural: str) -> str:
+            return f"{n} {singular if n == 1 else plural}"
+
+        return (
+            f"deleted {count(self.events, 'event', 'events')}, "
+            f"{count(self.tasks, 'task', 'tasks')} "
+            f"({count(self.responses, 'response', 'responses')}, {count(self.snapshots, 'snapshot', 'snapshots')}), "
+            f"{count(self.idempotency_keys, 'idempotency key', 'idempotency keys')}, "
+            f"{count(self.pairing_codes, 'pairing code', 'pairing codes')}"
+        )
+
+
+def retention_cleanup(*, now: datetime | None = None, batch_size: int | None = None) -> CleanupSummary:
+    """Delete what has outlived its retention; never an unfinished task or its events.
+
+    ``now`` (aware) is the reference time, ``batch_size`` the most rows one
+    transaction deletes (default ``LMSP_CLEANUP_BATCH_SIZE``). Safe to run
+    concurrently with the service and with another cleanup.
+    """
+    now = timezone.now() if now is None else now
+    if timezone.is_naive(now):
+        raise ValueError("retention_cleanup needs an aware datetime for now")
+    size = settings.LMSP_CLEANUP_BATCH_SIZE if batch_size is None else batch_size
+    if size < 1:
+        raise ValueError(f"batch_size must be at least 1, got {size}")
+
+    event_retention = timedelta(seconds=settings.LMSP_EVENT_RETENTION_SECONDS)
+    task_retention = timedelta(seconds=settings.LMSP_TASK_RETENTION_SECONDS)
+    # A task about to be deleted loses its events first, in event batches,
+    # even if events were configured to outlive tasks: the task delete then
+    # cascades to no (or hardly any) event rows instead of thousands at once.
+    events_cutoff = now - min(event_retention, task_retention)
+    tasks_cutoff = now - task_retention
+
+    events = _delete_events(cutoff=events_cutoff, size=size)
+    tasks, responses, snapshots, cascaded_events = _delete_tasks(cutoff=tasks_cutoff, size=size)
+    idempotency_keys = _delete_in_batches(
+        select=lambda: IdempotencyKey.objects.filter(expires_at__lte=now).order_by("expires_at", "pk"),
+        delete=lambda pks: IdempotencyKey.objects.filter(pk__in=pks, expires_at__lte=now).delete()[0],
+        size=size,
+    )
+    # Used codes too: once expired, a code can never be redeemed, and the
+    # client it created keeps its own row.
+    pairing_codes = _delete_in_batches(
+        select=lambda: PairingCode.objects.filter(expires_at__lte=now).order_by("pk"),
+        delete=lambda pks: PairingCode.objects.filter(pk__in=pks, expires_at__lte=now).delete()[0],
+        size=size,
+    )
+    summary = CleanupSummary(
+        events=events + cascaded_events,
+        tasks=tasks,
+        responses=responses,
+        snapshots=snapshots,
+        idempotency_keys=idempotency_keys,
+        pairing_codes=pairing_codes,
+    )
+    if summary.total:
+        logger.info("retention cleanup: %s", summary.describe())
+    return summary
+
+
+def _delete_in_batches(*, select: Callable[[], QuerySet[Any]], delete: Callable[[list[Any]], int], size: int) -> int:
+    """Select up to ``size`` pks, delete them in their own transaction, until a batch is short."""
+    deleted = 0
+    while True:
+        pks = list(select().values_list("pk", flat=True)[:size])
+        if not pks:
+            return deleted
+        with transaction.atomic():
+            removed = delete(pks)
+        deleted += removed
+        # A short batch means nothing is left; a batch that removed nothing
+        # means another cleanup took these rows, and looping on them again
+        # could go on forever.
+        if len(pks) < size or removed == 0:
+            return deleted
+
+
+def _delete_events(*, cutoff: datetime, size: int) -> int:
+    """Events of terminal tasks that finished before ``cutoff``, by event id."""
+
+    def expired() -> QuerySet[TaskEvent]:
+        return TaskEvent.objects.filter(task__status__in=TERMINAL_TASK_STATUSES, task__updated_at__lt=cutoff)
+
+    return _delete_in_batches(
+        select=lambda: expired().order_by("pk"),
+        # TaskEvent has no dependants, so this is one DELETE ... WHERE id IN
+        # (those ids) AND the task is still terminal and old.
+        delete=lambda pks: expired().filter(pk__in=pks).delete()[0],
+        size=size,
+    )
+
+
+def _delete_tasks(*, cutoff: datetime, size: int) -> tuple[int, int, int, int]:
+    """Terminal tasks that finished before ``cutoff``, with snapshots, events and responses.
+
+    Returns (tasks, responses, snapshots, events) deleted.
+    """
+    tasks = responses = snapshots = events = 0
+    while True:
+        rows = list(
+            Task.objects.filter(status__in=TERMINAL_TASK_STATUSES, updated_at__lt=cutoff)
+            .order_by("updated_at", "pk")
+            .values_list("pk", "response_id")[:size]
+        )
+        if not rows:
+            break
+        task_ids = [task_id for task_id, _ in rows]
+        response_ids = [response_id for _, response_id in rows]
+        with transaction.atomic():
+            # Cascades to the task's events and snapshot and sets idempotency
+            # keys' task to NULL; the status filter is part of the collector's
+            # own select, so only terminal tasks are collected.
+            _, by_model = Task.objects.filter(
+                pk__in=task_ids, status__in=TERMINAL_TASK_STATUSES, updated_at__lt=cutoff
+            ).delete()
+            removed = by_model.get(Task._meta.label, 0)
+            # Task.response is PROTECT, so responses go after their tasks; only
+            # those no task refers to any more, i.e. whose terminal task was
+            # deleted just now (or earlier by another cleanup).
+            responses += Response.objects.filter(pk__in=response_ids, task__isnull=True).delete()[0]
+        tasks += removed
+        snapshots += by_model.get(TaskSnapshot._meta.label, 0)
+        events += by_model.get(TaskEvent._meta.label, 0)
+        if len(rows) < size or removed == 0:
+            break
+    return tasks, responses, snapshots, events

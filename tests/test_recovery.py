@@ -1,0 +1,389 @@
+"""Recovery with real crashes: workers killed with SIGKILL, then ``lmsp_recover`` or the reaper.
+
+Every cell of chapter 11.3's table is produced for real: a task is left
+``queued`` by a worker that never started, ``loading`` by a worker killed
+while it was stuck reading its model (the model's config is a FIFO nobody
+writes: storage that hangs), ``running`` by a worker killed mid-generation,
+``cancelling`` by a cancel sent after its worker was killed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from io import StringIO
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.core.management import call_command
+
+from tasks_app.models import Response, RestartPolicy, Task, TaskEvent, TaskSnapshot, TaskStatus
+from tasks_app.services.models import model_scan
+from tests.conftest import REDIS_PREFIX, ApiClient
+from tests.support.db import database_url
+from tests.support.server import uvicorn_process
+from tests.support.sse import open_stream
+from tests.support.waiting import wait_until
+from tests.support.worker import WorkerProcess, celery_worker, kill_process_group, maintenance_queue
+
+TERMINAL = {"succeeded", "failed", "cancelled"}
+LONG = 3000
+
+
+@dataclass
+class Lab:
+    """A queue, models and workers of the test's own, on the test database and the main Redis."""
+
+    queue: str
+    env: dict[str, str]
+    api: ApiClient
+    tmp: Path
+    models: Path
+
+    @contextmanager
+    def worker(self, name: str, *, concurrency: int = 1, beat: bool = False) -> Iterator[WorkerProcess]:
+        with celery_worker(
+            env=self.env,
+            queue=self.queue,
+            log_path=self.tmp / f"{name}.log",
+            name=name,
+            concurrency=concurrency,
+            beat=beat,
+        ) as worker:
+            yield worker
+
+    def recover(self, inspect_timeout: float = 0.5) -> str:
+        out = StringIO()
+        call_command("lmsp_recover", "--inspect-timeout", str(inspect_timeout), stdout=out)
+        return out.getvalue()
+
+    def create(self, policy: str, *, model: str = "demo", tokens: int = 8, **request: Any) -> str:
+        headers = {"Idempotency-Key": f"k-{os.urandom(6).hex()}"}
+        body = {"model": model, "input": "Tell me a long story", "max_output_tokens": tokens, **request}
+        reply = self.api.create_task(headers=headers, on_restart=policy, input=body)
+        assert reply.status_code == 202, reply.content
+        return reply.json()["id"]
+
+    def task(self, task_id: str) -> dict[str, Any]:
+        reply = self.api.get(f"/lmsp/v1/tasks/{task_id}")
+        assert reply.status_code == 200
+        return reply.json()
+
+    def wait_for(self, task_id: str, wanted: set[str], worker: WorkerProcess | None = None) -> dict[str, Any]:
+        def probe() -> dict[str, Any] | None:
+            body = self.task(task_id)
+            return body if body["status"] in wanted else None
+
+        def why() -> str:
+            log = worker.log()[-3000:] if worker is not None else ""
+            return f"task {task_id} is {self.task(task_id)['status']}, not {sorted(wanted)}\n{log}"
+
+        return wait_until(probe, what=why, timeout=120)
+
+
+@pytest.fixture
+def lab(transactional_db, make_client, demo_models_root: Path, tmp_path: Path, settings) -> Lab:
+    models = tmp_path / "models"
+    shutil.copytree(demo_models_root / "demo", models / "demo")
+    # A second copy whose config can be swapped for a FIFO (see stalled_model).
+    shutil.copytree(demo_models_root / "demo", models / "stall")
+    settings.LMSP_MODELS_DIR = models
+    model_scan(models_dir=models)
+    queue = f"{REDIS_PREFIX}-{tmp_path.name}"
+    settings.LMSP_TASK_QUEUE = queue
+    settings.LMSP_MAINTENANCE_QUEUE = maintenance_queue(queue)
+    client, token = make_client("alice")
+    env = {
+        "DATABASE_URL": database_url(),
+        "REDIS_URL": settings.REDIS_URL,
+        "LMSP_REDIS_PREFIX": REDIS_PREFIX,
+        "LMSP_MODELS_DIR": str(models),
+        "LMSP_HEARTBEAT_SECONDS": "1",
+    }
+    return Lab(queue=queue, env=env, api=ApiClient(token, client), tmp=tmp_path, models=models)
+
+
+@contextmanager
+def stalled_model(lab: Lab) -> Iterator[None]:
+    """Loading model "stall" blocks until the block ends: its config.json is a FIFO with no writer."""
+    config = lab.models / "stall" / "config.json"
+    saved = config.with_name("config.json.saved")
+    os.replace(config, saved)
+    os.mkfifo(config)
+    try:
+        yield
+    finally:
+        os.unlink(config)
+        os.replace(saved, config)
+
+
+def events(task_id: str) -> list[dict[str, Any]]:
+    rows = TaskEvent.objects.filter(task_id=task_id).order_by("sequence_number")
+    return [json.loads(row.payload) for row in rows]
+
+
+def types(task_id: str) -> list[str]:
+    return [event["type"] for event in events(task_id)]
+
+
+def deltas(log: list[dict[str, Any]]) -> str:
+    return "".join(e["delta"] for e in log if e["type"] == "response.output_text.delta")
+
+
+def assert_contiguous_with_one_terminal(log: list[dict[str, Any]]) -> None:
+    assert [e["sequence_number"] for e in log] == list(range(len(log)))
+    terminal = [e for e in log if e["type"] in {"response.completed", "response.incomplete", "response.failed"}]
+    terminal += [e for e in log if e["type"] == "response.cancelled"]
+    assert len(terminal) == 1 and terminal[0] is log[-1]
+
+
+def wait_for_deltas(task_id: str, count: int, worker: WorkerProcess) -> None:
+    def probe() -> bool:
+        return TaskEvent.objects.filter(task_id=task_id, type="response.output_text.delta").count() >= count
+
+    wait_until(probe, what=lambda: f"task {task_id} produced no deltas:\n{worker.log()[-3000:]}", timeout=60)
+
+
+def summary_counts(output: str) -> dict[str, int]:
+    counts = {}
+    for line in output.splitlines():
+        label, _, number = line.removeprefix("lmsp_recover: ").rpartition(": ")
+        if number.isdigit():
+            counts[label] = int(number)
+    return counts
+
+
+# --------------------------------------------------------------------------- #
+# The 12 cells of chapter 11.3
+# --------------------------------------------------------------------------- #
+
+
+def test_queued_tasks_fail_or_stay_queued_and_then_run(lab: Lab):
+    ids = {policy: lab.create(policy) for policy in RestartPolicy.values}
+
+    output = lab.recover()
+
+    assert summary_counts(output)["failed"] == 1
+    assert summary_counts(output)["left queued"] == 2
+    failed = lab.task(ids["fail"])
+    assert failed["status"] == "failed"
+    assert failed["error"]["code"] == "server_restarted"
+    assert types(ids["fail"]) == ["response.created", "response.failed"]
+    assert events(ids["fail"])[1]["response"]["status"] == "failed"
+    for policy in ("retry", "resume"):
+        assert lab.task(ids[policy])["status"] == "queued"
+        assert types(ids[policy]) == ["response.created"]
+
+    with lab.worker("queued") as worker:
+        for policy in ("retry", "resume"):
+            assert lab.wait_for(ids[policy], TERMINAL, worker)["status"] == "succeeded"
+            assert_contiguous_with_one_terminal(events(ids[policy]))
+            assert Task.objects.get(pk=ids[policy]).attempts == 1
+    assert lab.task(ids["fail"])["status"] == "failed"
+
+
+def test_loading_tasks_killed_while_loading_fail_or_run_again(lab: Lab):
+    with stalled_model(lab):
+        ids = {policy: lab.create(policy, model="stall") for policy in RestartPolicy.values}
+        with lab.worker("loader", concurrency=3) as worker:
+            for task_id in ids.values():
+                lab.wait_for(task_id, {"loading"}, worker)
+            kill_process_group(worker.proc)
+    assert {Task.objects.get(pk=i).status for i in ids.values()} == {TaskStatus.LOADING}
+
+    output = lab.recover()
+
+    assert summary_counts(output)["failed"] == 1
+    assert summary_counts(output)["queued"] == 2
+    failed = lab.task(ids["fail"])
+    assert failed["error"]["code"] == "server_restarted"
+    assert "loading" in failed["error"]["detail"]
+    assert types(ids["fail"]) == ["response.created", "response.failed"]
+    for policy in ("retry", "resume"):
+        assert lab.task(ids[policy])["status"] == "queued"
+        assert types(ids[policy]) == ["response.created"]
+        assert Task.objects.get(pk=ids[policy]).worker == ""
+
+    with lab.worker("after-loading") as worker:
+        for policy in ("retry", "resume"):
+            assert lab.wait_for(ids[policy], TERMINAL, worker)["status"] == "succeeded"
+            log = events(ids[policy])
+            assert_contiguous_with_one_terminal(log)
+            assert [e["type"] for e in log].count("response.in_progress") == 1
+            assert Task.objects.get(pk=ids[policy]).attempts == 2
+
+
+def test_running_and_cancelling_tasks_killed_mid_generation(lab: Lab):
+    running = {policy: lab.create(policy, tokens=1200) for policy in RestartPolicy.values}
+    cancelling = {policy: lab.create(policy, tokens=1200) for policy in RestartPolicy.values}
+    every = [*running.values(), *cancelling.values()]
+    with lab.worker("generators", concurrency=6) as worker:
+        for task_id in every:
+            wait_for_deltas(task_id, 3, worker)
+        kill_process_group(worker.proc)
+    for task_id in cancelling.values():
+        reply = lab.api.post(f"/lmsp/v1/tasks/{task_id}/cancel")
+        assert reply.status_code == 200
+        assert reply.json()["status"] == "cancelling"
+    before = {task_id: events(task_id) for task_id in every}
+    assert all(Task.objects.get(pk=i).status == TaskStatus.RUNNING for i in running.values())
+
+    output = lab.recover()
+
+    counts = summary_counts(output)
+    assert (counts["failed"], counts["queued"], counts["running (to resume)"], counts["cancelled"]) == (1, 1, 1, 3)
+    # fail: failed, server_restarted, one response.failed; the response keeps the text shown so far.
+    fail_id = running["fail"]
+    assert lab.task(fail_id)["error"]["code"] == "server_restarted"
+    assert events(fail_id)[:-1] == before[fail_id]
+    assert events(fail_id)[-1]["type"] == "response.failed"
+    shown = deltas(before[fail_id])
+    assert Response.objects.get(task__id=fail_id).output[0]["content"][0]["text"] == shown
+    # cancelling: cancelled with one response.cancelled, whatever the policy.
+    for task_id in cancelling.values():
+        assert lab.task(task_id)["status"] == "cancelled"
+        assert events(task_id)[:-1] == before[task_id]
+        assert events(task_id)[-1]["type"] == "response.cancelled"
+    # retry: queued, no event; resume: still running, no event, no worker.
+    retry_id, resume_id = running["retry"], running["resume"]
+    assert lab.task(retry_id)["status"] == "queued"
+    assert events(retry_id) == before[retry_id]
+    assert not TaskSnapshot.objects.filter(task_id=retry_id).exists()
+    assert lab.task(resume_id)["status"] == "running"
+    assert events(resume_id) == before[resume_id]
+    assert Task.objects.get(pk=resume_id).worker == ""
+
+    assert summary_counts(lab.recover())["running (to resume)"] == 0  # a second run moves nothing
+
+    with lab.worker("finisher") as worker:
+        assert lab.wait_for(retry_id, TERMINAL, worker)["status"] == "succeeded"
+        assert lab.wait_for(resume_id, TERMINAL, worker)["status"] == "succeeded"
+
+    # retry starts over: a second response.in_progress with empty output, then a new message id.
+    log = events(retry_id)
+    assert_contiguous_with_one_terminal(log)
+    starts = [i for i, e in enumerate(log) if e["type"] == "response.in_progress"]
+    assert len(starts) == 2 and starts[0] < len(before[retry_id]) <= starts[1]
+    assert log[starts[1]]["response"]["output"] == []
+    items = [e["item"]["id"] for e in log if e["type"] == "response.output_item.added"]
+    assert len(items) == 2 and items[0] != items[1]
+    final = lab.task(retry_id)["response"]
+    assert final["output"][0]["id"] == items[1]
+    assert final["output"][0]["content"][0]["text"] == deltas(log[starts[1] :])
+    # resume continues the same item: no event repeated or lost.
+    log = events(resume_id)
+    assert_contiguous_with_one_terminal(log)
+    assert log[: len(before[resume_id])] == before[resume_id]
+    assert [e["type"] for e in log].count("response.in_progress") == 1
+    assert [e["type"] for e in log].count("response.output_item.added") == 1
+    final = lab.task(resume_id)["response"]
+    assert final["output"][0]["content"][0]["text"] == deltas(log)
+    assert final["usage"]["output_tokens"] == 1200
+    assert Task.objects.get(pk=resume_id).attempts == 2
+
+
+# --------------------------------------------------------------------------- #
+# resume with a seed, watched through a stream that stays open across the crash
+# --------------------------------------------------------------------------- #
+
+
+def test_resumed_generation_equals_an_uninterrupted_run_and_the_stream_stays_clean(lab: Lab):
+    request = {"temperature": 1.0, "top_p": 0.95, "seed": 4242}
+    env = {**lab.env, "LMSP_TASK_QUEUE": lab.queue, "LMSP_STREAM_KEEPALIVE_SECONDS": "1"}
+    with uvicorn_process(lab.env["DATABASE_URL"], env) as server:
+        with lab.worker("reference") as worker:
+            reference_id = lab.create("fail", tokens=LONG, **request)
+            reference = lab.wait_for(reference_id, TERMINAL, worker)["response"]
+        expected = reference["output"][0]["content"][0]["text"]
+        assert reference["usage"]["output_tokens"] > 200  # long enough to be killed midway
+
+        task_id = lab.create("resume", tokens=LONG, **request)
+        with open_stream(server.base, f"/lmsp/v1/tasks/{task_id}/events", token=lab.api.token) as stream:
+            with lab.worker("crashing") as worker:
+                first = stream.take(12)  # created, in_progress, two opening events, eight deltas
+                kill_process_group(worker.proc)
+            assert Task.objects.get(pk=task_id).status == TaskStatus.RUNNING
+            assert "running (to resume): 1" in lab.recover()
+            with lab.worker("resuming") as worker:
+                rest = stream.all()
+
+    seen = first + rest
+    assert stream.ended
+    assert [event.id for event in seen] == list(range(len(seen)))
+    stored = events(task_id)
+    assert [json.loads(event.data) for event in seen] == stored
+    assert deltas(stored) == expected
+    result = lab.task(task_id)["response"]
+    assert result["output"][0]["content"][0]["text"] == expected
+    assert result["usage"] == reference["usage"]
+    assert Task.objects.get(pk=task_id).attempts == 2
+    assert "adopted to resume" in worker.log()
+
+
+# --------------------------------------------------------------------------- #
+# Live workers are never harmed; the reaper handles workers that die while the service is up
+# --------------------------------------------------------------------------- #
+
+
+def test_recover_leaves_tasks_of_live_workers_alone(lab: Lab):
+    with lab.worker("alive") as worker:
+        busy = lab.create("fail", tokens=LONG)
+        wait_for_deltas(busy, 3, worker)
+        waiting = lab.create("fail")
+
+        output = lab.recover(inspect_timeout=2)
+
+        counts = summary_counts(output)
+        assert counts["held by a live worker"] == 1 and counts["left queued"] == 1
+        assert counts["failed"] == 0
+        assert f"@{os.uname().nodename}" in output  # the live worker is named
+        assert lab.wait_for(busy, TERMINAL, worker)["status"] == "succeeded"
+        assert lab.wait_for(waiting, TERMINAL, worker)["status"] == "succeeded"
+    assert Task.objects.get(pk=busy).attempts == 1
+
+
+def test_reaper_resumes_the_task_of_a_dead_worker_and_spares_the_live_one(lab: Lab, tmp_path: Path):
+    lab.env.update(
+        {"LMSP_HEARTBEAT_TIMEOUT_SECONDS": "4", "LMSP_REAP_INTERVAL_SECONDS": "1", "LMSP_SWEEP_INTERVAL_SECONDS": "1"}
+    )
+    with (
+        celery_worker(
+            env={**lab.env, "LMSP_TASK_QUEUE": lab.queue},
+            queue=maintenance_queue(lab.queue),
+            log_path=tmp_path / "maintenance.log",
+            name="maintenance",
+            beat=True,
+            maintenance=False,
+        ) as maintenance,
+        lab.worker("doomed") as doomed,
+        lab.worker("survivor") as survivor,
+    ):
+        first, second = lab.create("resume", tokens=LONG), lab.create("resume", tokens=LONG)
+        for task_id in (first, second):
+            wait_for_deltas(task_id, 3, survivor)
+        holders = {Task.objects.get(pk=i).worker.split("@")[0]: i for i in (first, second)}
+        assert set(holders) == {"doomed", "survivor"}
+        victim, spared = holders["doomed"], holders["survivor"]
+        before = events(victim)
+        kill_process_group(doomed.proc)
+
+        done = lab.wait_for(victim, TERMINAL, survivor)
+        assert lab.wait_for(spared, TERMINAL, survivor)["status"] == "succeeded"
+
+    assert done["status"] == "succeeded"
+    assert "reaper:" in maintenance.log()
+    spared_log = events(spared)
+    assert_contiguous_with_one_terminal(spared_log)
+    assert [e["type"] for e in spared_log].count("response.in_progress") == 1
+    assert Task.objects.get(pk=spared).attempts == 1
+    log = events(victim)
+    assert_contiguous_with_one_terminal(log)
+    assert log[: len(before)] == before
+    assert [e["type"] for e in log].count("response.output_item.added") == 1
+    assert done["response"]["output"][0]["content"][0]["text"] == deltas(log)
+    assert Task.objects.get(pk=victim).attempts == 2

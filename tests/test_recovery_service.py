@@ -1,0 +1,190 @@
+"""Recovery and the reaper through their services, on the real database, without processes.
+
+The crashes themselves are in test_recovery.py; here are the rules around
+them: which tasks count as leftovers, the compare-and-set against a worker
+that is alive after all, attempts, chunked scans, a second run, and the
+sweeper's share (tasks left waiting for a worker to resume them).
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from tasks_app import lifecycle
+from tasks_app.exceptions import ServerRestarted
+from tasks_app.models import RestartPolicy, Task, TaskEvent, TaskStatus
+from tasks_app.notify import key, redis_client
+from tasks_app.services.dispatch import queued_tasks_sweep
+from tasks_app.services.recovery import LiveWorkers, abandoned_tasks_reap, leftover_tasks_recover
+from tasks_app.services.tasks import task_cancel
+from tests.support.queues import queued_ids
+
+S = TaskStatus
+GHOST = "ghost@nowhere/1"
+FAILURE = ServerRestarted("test").to_problem()
+
+
+@pytest.fixture
+def held(make_client, demo_model, queue, settings):
+    """``held(status, policy, age=seconds)``: a task a worker GHOST took, its last heartbeat that old."""
+    client, _ = make_client()
+
+    def make(status: TaskStatus, policy: RestartPolicy = RestartPolicy.FAIL, age: int = 600, attempts: int = 1) -> str:
+        task = lifecycle.task_insert(client=client, request={"model": "demo", "input": "x"}, model="demo")
+        Task.objects.filter(pk=task.id).update(on_restart=policy)
+        if status == S.QUEUED:
+            return task.id
+        beat = timezone.now() - timedelta(seconds=age)
+        changes = {"worker": GHOST, "heartbeat_at": beat, "attempts": attempts}
+        assert lifecycle.task_transition(task_id=task.id, to=S.LOADING, task_changes=changes).won
+        if status in (S.RUNNING, S.CANCELLING):
+            started = lifecycle.task_transition(
+                task_id=task.id,
+                to=S.RUNNING,
+                holder=GHOST,
+                events=[("response.output_item.added", {"output_index": 0, "item": {"id": "msg_1"}})],
+                task_changes={"heartbeat_at": beat},
+                snapshot={"item_id": "msg_1", "backend": {"text": ""}},
+            )
+            assert started.won
+        if status == S.CANCELLING:
+            assert lifecycle.task_transition(task_id=task.id, to=S.CANCELLING).won
+        return task.id
+
+    return make
+
+
+def nobody(asked_at=None) -> LiveWorkers:
+    return LiveWorkers(frozenset(), frozenset(), asked_at or timezone.now())
+
+
+def status(task_id: str) -> str:
+    return Task.objects.get(pk=task_id).status
+
+
+def test_a_task_started_too_often_fails_instead_of_running_again(held, settings):
+    settings.LMSP_MAX_ATTEMPTS = 3
+    worn = held(S.RUNNING, RestartPolicy.RETRY, attempts=3)
+    fresh = held(S.RUNNING, RestartPolicy.RETRY, attempts=2)
+
+    summary = leftover_tasks_recover(live=nobody())
+
+    assert summary.task_ids["failed"] == [worn] and summary.task_ids["queued"] == [fresh]
+    error = Task.objects.get(pk=worn).error
+    assert error["code"] == "server_restarted"
+    assert "started 3 times" in error["detail"]
+
+
+def test_live_workers_keep_their_tasks_and_queued_tasks_wait_for_them(held):
+    asked = timezone.now()
+    running_live = held(S.RUNNING)
+    running_dead = held(S.RUNNING)
+    queued = held(S.QUEUED)
+    live = LiveWorkers(frozenset({"w1@host"}), frozenset({running_live}), asked)
+
+    summary = leftover_tasks_recover(live=live)
+
+    assert summary.task_ids["held by a live worker"] == [running_live]
+    assert summary.task_ids["left queued"] == [queued]
+    assert summary.task_ids["failed"] == [running_dead]
+    assert (status(running_live), status(queued), status(running_dead)) == (S.RUNNING, S.QUEUED, S.FAILED)
+
+
+def test_a_task_claimed_after_the_workers_were_asked_is_not_a_leftover(held):
+    asked = timezone.now() - timedelta(seconds=5)
+    claimed_later = held(S.LOADING, age=0)
+
+    summary = leftover_tasks_recover(live=nobody(asked))
+
+    assert summary.task_ids["held by a live worker"] == [claimed_later]
+    assert status(claimed_later) == S.LOADING
+
+
+def test_the_scan_reads_in_chunks_and_a_second_run_changes_nothing(held, queue):
+    ids = [held(S.RUNNING, RestartPolicy.RESUME) for _ in range(5)]
+    with CaptureQueriesContext(connection) as queries:
+        first = leftover_tasks_recover(live=nobody(), batch_size=2)
+    scans = [q["sql"] for q in queries if '"tasks"."id" >' in q["sql"] and q["sql"].endswith("LIMIT 2")]
+    assert len(scans) == 3  # 2 + 2 + 1
+    assert first.task_ids["running (to resume)"] == ids
+    assert all(Task.objects.get(pk=i).worker == "" for i in ids)
+    assert sorted(queued_ids(queue)) == sorted(ids)
+    rows = {t.id: (t.status, t.updated_at, t.last_sequence) for t in Task.objects.filter(pk__in=ids)}
+
+    second = leftover_tasks_recover(live=nobody(), batch_size=2)
+
+    assert second.moved == 0
+    assert second.task_ids["left waiting to resume"] == ids
+    assert {t.id: (t.status, t.updated_at, t.last_sequence) for t in Task.objects.filter(pk__in=ids)} == rows
+
+
+def test_the_reaper_takes_only_tasks_whose_heartbeat_stopped(held, settings):
+    settings.LMSP_HEARTBEAT_TIMEOUT_SECONDS = 60
+    stale = held(S.RUNNING, RestartPolicy.RESUME, age=120)
+    fresh = held(S.RUNNING, RestartPolicy.RESUME, age=5)
+    stale_loading = held(S.LOADING, RestartPolicy.FAIL, age=120)
+    stale_cancelling = held(S.CANCELLING, RestartPolicy.RETRY, age=120)
+    queued = held(S.QUEUED)
+
+    summary = abandoned_tasks_reap()
+
+    assert summary.task_ids == {
+        "running (to resume)": [stale],
+        "failed": [stale_loading],
+        "cancelled": [stale_cancelling],
+    }
+    assert Task.objects.get(pk=fresh).worker == GHOST
+    assert status(queued) == S.QUEUED
+    assert "stopped reporting" in Task.objects.get(pk=stale_loading).error["detail"]
+    assert TaskEvent.objects.filter(task_id=stale_cancelling, type="response.cancelled").count() == 1
+
+
+def test_a_heartbeat_that_lands_after_the_reaper_looked_keeps_the_task(held):
+    task_id = held(S.RUNNING, RestartPolicy.FAIL, age=120)
+    seen = Task.objects.get(pk=task_id)
+    # The worker was only slow: its heartbeat arrives between the reaper's read and its move.
+    assert lifecycle.task_append_events(
+        task_id=task_id, holder=GHOST, task_changes={"heartbeat_at": timezone.now()}
+    ).won
+
+    result = lifecycle.task_recover(
+        task_id=task_id, found=S.RUNNING, to=S.FAILED, worker=seen.worker, heartbeat_at=seen.heartbeat_at, error=FAILURE
+    )
+
+    assert not result.won
+    assert status(task_id) == S.RUNNING
+
+
+def test_a_worker_that_lost_its_task_can_no_longer_write_to_it(held):
+    task_id = held(S.RUNNING, RestartPolicy.RESUME, age=120)
+    abandoned_tasks_reap()
+    assert lifecycle.task_adopt(task_id=task_id, worker="new@host/2").won
+
+    late = lifecycle.task_append_events(
+        task_id=task_id, holder=GHOST, events=[("response.output_text.delta", {"delta": "stale"})]
+    )
+
+    assert not late.won
+    assert not TaskEvent.objects.filter(task_id=task_id, type="response.output_text.delta").exists()
+    assert not lifecycle.task_adopt(task_id=task_id, worker="third@host/3").won
+
+
+def test_the_sweeper_resends_tasks_waiting_to_be_resumed_and_a_cancel_reaches_them(held, queue):
+    waiting = held(S.RUNNING, RestartPolicy.RESUME, age=120)
+    abandoned_tasks_reap()
+    redis_client().delete(queue, key("dispatched", waiting))
+    Task.objects.filter(pk=waiting).update(updated_at=timezone.now() - timedelta(seconds=60))
+
+    assert queued_tasks_sweep(grace_seconds=30) == [waiting]
+
+    # Cancelled while it waits: the adopting worker finishes the cancel, so it stays sendable.
+    task_cancel(task=Task.objects.get(pk=waiting))
+    redis_client().delete(queue, key("dispatched", waiting))
+    Task.objects.filter(pk=waiting).update(updated_at=timezone.now() - timedelta(seconds=60))
+    assert status(waiting) == S.CANCELLING
+    assert queued_tasks_sweep(grace_seconds=30) == [waiting]

@@ -1,0 +1,315 @@
+"""Retention cleanup (PROFILE.md section 8, persistence 11.2): what goes, what stays, in bounded batches."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import datetime, timedelta
+from io import StringIO
+from typing import Any
+
+import pytest
+from django.core.management import CommandError, call_command
+from django.db import connection
+from django.utils import timezone
+
+from tasks_app import lifecycle
+from tasks_app.exceptions import ServerRestarted
+from tasks_app.models import (
+    Client,
+    IdempotencyKey,
+    PairingCode,
+    Response,
+    Task,
+    TaskEvent,
+    TaskSnapshot,
+    TaskStatus,
+)
+from tasks_app.services.clients import pairing_code_create, pairing_code_redeem
+from tasks_app.services.idempotency import idempotency_claim, request_digest
+from tasks_app.services.retention import CleanupSummary, retention_cleanup
+from tests.conftest import ApiClient
+from tests.support.sse import call, open_stream
+
+S = TaskStatus
+FAILURE = ServerRestarted("test failure").to_problem()
+EVENT_RETENTION = timedelta(days=7)
+TASK_RETENTION = timedelta(days=30)
+# Old enough to lose its events, young enough to keep the task.
+EVENTS_EXPIRED = EVENT_RETENTION + timedelta(hours=1)
+TASK_EXPIRED = TASK_RETENTION + timedelta(hours=1)
+
+# The way from `queued` to each status, using only allowed moves.
+PATHS: dict[TaskStatus, list[TaskStatus]] = {
+    S.QUEUED: [],
+    S.LOADING: [S.LOADING],
+    S.RUNNING: [S.LOADING, S.RUNNING],
+    S.CANCELLING: [S.LOADING, S.RUNNING, S.CANCELLING],
+    S.SUCCEEDED: [S.LOADING, S.RUNNING, S.SUCCEEDED],
+    S.FAILED: [S.LOADING, S.RUNNING, S.FAILED],
+    S.CANCELLED: [S.CANCELLED],
+}
+
+
+@pytest.fixture(autouse=True)
+def _retention(settings) -> None:
+    settings.LMSP_EVENT_RETENTION_SECONDS = int(EVENT_RETENTION.total_seconds())
+    settings.LMSP_TASK_RETENTION_SECONDS = int(TASK_RETENTION.total_seconds())
+    settings.LMSP_CLEANUP_BATCH_SIZE = 500
+
+
+@pytest.fixture
+def owner(make_client) -> tuple[Client, str]:
+    return make_client("owner")
+
+
+def make_task(
+    client: Client, status: TaskStatus, *, deltas: int = 0, snapshot: bool = False, cancel_from_running: bool = False
+) -> Task:
+    """A task moved to ``status`` by the lifecycle, with ``deltas`` extra events appended while it ran."""
+    task = lifecycle.task_insert(client=client, request={"model": "demo", "input": "x"}, model="demo")
+    path = PATHS[status]
+    if status == S.CANCELLED and cancel_from_running:
+        path = [S.LOADING, S.RUNNING, S.CANCELLING, S.CANCELLED]
+    for step in path:
+        if step in (S.SUCCEEDED, S.FAILED, S.CANCELLING) and (deltas or snapshot):
+            events = [("response.output_text.delta", {"delta": f"d{i}"}) for i in range(deltas)]
+            appended = lifecycle.task_append_events(
+                task_id=task.id, events=events, snapshot={"tokens": [1, 2, 3]} if snapshot else None
+            )
+            assert appended.won
+            deltas, snapshot = 0, False
+        result = lifecycle.task_transition(task_id=task.id, to=step, error=FAILURE if step == S.FAILED else None)
+        assert result.won, (task.id, step)
+    return Task.objects.get(pk=task.id)
+
+
+def age(task: Task, by: timedelta) -> None:
+    """Test setup: pretend the task was created, touched and (if terminal) finished ``by`` ago."""
+    then = timezone.now() - by
+    Task.objects.filter(pk=task.pk).update(created_at=then, updated_at=then, heartbeat_at=then)
+    TaskEvent.objects.filter(task_id=task.pk).update(created_at=then)
+
+
+def event_count(task: Task) -> int:
+    return TaskEvent.objects.filter(task_id=task.pk).count()
+
+
+def events_path(task_id: str) -> str:
+    return f"/lmsp/v1/tasks/{task_id}/events"
+
+
+def test_events_of_an_old_finished_task_go_and_the_task_answers_410_for_them(
+    owner, transactional_db, demo_model, web_server
+):
+    client, token = owner
+    old = make_task(client, S.SUCCEEDED, deltas=3)
+    age(old, EVENTS_EXPIRED)
+    recent = make_task(client, S.CANCELLED)
+    age(recent, EVENT_RETENTION - timedelta(hours=1))
+    old_events, recent_events = event_count(old), event_count(recent)
+    assert old_events == 6  # created, in_progress, 3 deltas, completed
+
+    summary = retention_cleanup()
+
+    assert summary == CleanupSummary(events=old_events)
+    assert event_count(old) == 0
+    assert event_count(recent) == recent_events
+    assert Task.objects.filter(pk=old.pk).exists()
+    assert Response.objects.filter(pk=old.response_id).exists()
+
+    status, body = call(web_server.base, "GET", f"/lmsp/v1/tasks/{old.pk}", token=token)
+    assert status == 200
+    assert (body["id"], body["status"]) == (old.pk, "succeeded")
+    assert body["response"]["id"] == old.response_id
+    for headers in ({}, {"Last-Event-ID": "0"}):
+        expired = open_stream(web_server.base, events_path(old.pk), token=token, headers=headers)
+        assert expired.status == 410, headers
+        assert expired.headers["content-type"] == "application/problem+json"
+        assert json.loads(expired.body)["code"] == "event_history_expired"
+    with open_stream(web_server.base, events_path(recent.pk), token=token) as stream:
+        assert stream.status == 200
+        assert [event.event for event in stream.all()] == ["response.created", "response.cancelled"]
+
+
+def test_old_finished_tasks_go_with_their_response_snapshot_and_events(owner):
+    client, token = owner
+    succeeded = make_task(client, S.SUCCEEDED, deltas=2, snapshot=True)
+    failed = make_task(client, S.FAILED)
+    cancelled = make_task(client, S.CANCELLED, cancel_from_running=True)
+    old = [succeeded, failed, cancelled]
+    for task in old:
+        age(task, TASK_EXPIRED)
+    young = make_task(client, S.SUCCEEDED, snapshot=True)
+    age(young, TASK_RETENTION - timedelta(hours=1))  # events expired, task kept
+    # A live key that remembers a deleted task keeps its stored reply.
+    key = IdempotencyKey.objects.create(
+        client=client,
+        endpoint="responses",
+        key="k",
+        request_hash="0" * 64,
+        state="completed",
+        response_status=200,
+        response_body={},
+        task=failed,
+        created_at=timezone.now(),
+        expires_at=timezone.now() + timedelta(hours=1),
+    )
+    assert TaskSnapshot.objects.filter(task_id=succeeded.pk).exists()
+    old_events = sum(event_count(task) for task in old)
+    young_events = event_count(young)
+
+    summary = retention_cleanup()
+
+    assert summary == CleanupSummary(events=old_events + young_events, tasks=3, responses=3, snapshots=1)
+    old_ids = [task.pk for task in old]
+    assert not Task.objects.filter(pk__in=old_ids).exists()
+    assert not Response.objects.filter(pk__in=[task.response_id for task in old]).exists()
+    assert not TaskEvent.objects.filter(task_id__in=old_ids).exists()
+    assert not TaskSnapshot.objects.filter(task_id__in=old_ids).exists()
+    key.refresh_from_db()
+    assert key.task_id is None
+    # The younger task lost only its events.
+    assert Task.objects.filter(pk=young.pk, status=S.SUCCEEDED).exists()
+    assert Response.objects.filter(pk=young.response_id).exists()
+    assert TaskSnapshot.objects.filter(task_id=young.pk).exists()
+    assert event_count(young) == 0
+
+    api = ApiClient(token, client)
+    assert api.get(f"/lmsp/v1/tasks/{succeeded.pk}").status_code == 404
+    assert api.get(f"/lmsp/v1/responses/{succeeded.response_id}").status_code == 404
+    assert api.get(f"/lmsp/v1/tasks/{young.pk}").json()["status"] == "succeeded"
+
+
+def test_unfinished_tasks_and_their_events_survive_however_old(owner):
+    client, _ = owner
+    unfinished = {
+        S.QUEUED: make_task(client, S.QUEUED),
+        S.LOADING: make_task(client, S.LOADING),
+        S.RUNNING: make_task(client, S.RUNNING),
+        S.CANCELLING: make_task(client, S.CANCELLING, deltas=4, snapshot=True),
+    }
+    lifecycle.task_append_events(
+        task_id=unfinished[S.RUNNING].pk, events=[("response.output_text.delta", {"delta": "x"})], snapshot={"t": [1]}
+    )
+    finished = make_task(client, S.FAILED)
+    for task in [*unfinished.values(), finished]:
+        age(task, timedelta(days=3650))
+    before = {status: event_count(task) for status, task in unfinished.items()}
+    assert before == {S.QUEUED: 1, S.LOADING: 1, S.RUNNING: 3, S.CANCELLING: 6}
+    rows_before = {
+        task.pk: (task.status, task.response_id, task.last_sequence)
+        for task in Task.objects.filter(pk__in=[t.pk for t in unfinished.values()])
+    }
+
+    # Even a clock a century ahead makes no unfinished task old enough.
+    summary = retention_cleanup(now=timezone.now() + timedelta(days=36500), batch_size=2)
+
+    assert summary.tasks == 1 and summary.responses == 1  # the failed one: cleanup did run
+    assert not Task.objects.filter(pk=finished.pk).exists()
+    assert {status: event_count(task) for status, task in unfinished.items()} == before
+    rows_after = {
+        task.pk: (task.status, task.response_id, task.last_sequence)
+        for task in Task.objects.filter(pk__in=[t.pk for t in unfinished.values()])
+    }
+    assert rows_after == rows_before
+    assert Response.objects.filter(pk__in=[t.response_id for t in unfinished.values()]).count() == 4
+    assert set(TaskSnapshot.objects.values_list("task_id", flat=True)) == {
+        unfinished[S.RUNNING].pk,
+        unfinished[S.CANCELLING].pk,
+    }
+
+
+def test_expired_idempotency_keys_and_pairing_codes_go_fresh_ones_stay(owner):
+    client, _ = owner
+    digest = request_digest({"a": 1})
+    for name in ("expired-1", "expired-2", "fresh"):
+        assert idempotency_claim(client=client, endpoint="tasks", key=name, request_hash=digest).record
+    IdempotencyKey.objects.filter(key__startswith="expired").update(expires_at=timezone.now() - timedelta(seconds=1))
+
+    expired_unused, _ = pairing_code_create(scopes="read")
+    expired_used, used_code = pairing_code_create(scopes="read")
+    pairing_code_redeem(code=used_code, client_name="paired-then-expired")
+    fresh_used, fresh_code = pairing_code_create(scopes="read")
+    pairing_code_redeem(code=fresh_code, client_name="paired-recently")
+    fresh_unused, _ = pairing_code_create(scopes="read")
+    PairingCode.objects.filter(pk__in=[expired_unused.pk, expired_used.pk]).update(
+        expires_at=timezone.now() - timedelta(seconds=1)
+    )
+
+    summary = retention_cleanup()
+
+    assert summary == CleanupSummary(idempotency_keys=2, pairing_codes=2)
+    assert list(IdempotencyKey.objects.values_list("key", flat=True)) == ["fresh"]
+    assert set(PairingCode.objects.values_list("pk", flat=True)) == {fresh_used.pk, fresh_unused.pk}
+    # The client a code created outlives the code.
+    assert Client.objects.filter(name="paired-then-expired").exists()
+
+
+@contextmanager
+def deletes_on(table: str) -> Iterator[list[tuple[str, Any]]]:
+    """Every DELETE statement that names ``table``, with its parameters."""
+    seen: list[tuple[str, Any]] = []
+
+    def record(execute: Callable[..., Any], sql: str, params: Any, many: bool, context: Any) -> Any:
+        if sql.lstrip().upper().startswith("DELETE") and f'"{table}"' in sql:
+            seen.append((sql, params))
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(record):
+        yield seen
+
+
+def test_cleanup_deletes_in_batches_of_at_most_batch_size_rows(owner):
+    client, _ = owner
+    task = make_task(client, S.CANCELLED, deltas=2, cancel_from_running=True)
+    age(task, EVENTS_EXPIRED)
+    event_ids = set(TaskEvent.objects.filter(task_id=task.pk).values_list("pk", flat=True))
+    assert len(event_ids) == 5  # created, in_progress, 2 deltas, cancelled
+
+    with deletes_on("task_events") as statements:
+        summary = retention_cleanup(batch_size=2)
+
+    assert summary == CleanupSummary(events=5)
+    assert event_count(task) == 0
+    assert Task.objects.filter(pk=task.pk).exists()
+    assert len(statements) == 3, statements  # 2 + 2 + 1, then a short batch ends the loop
+    named = [[p for p in params if isinstance(p, int) and not isinstance(p, bool)] for _, params in statements]
+    assert all(1 <= len(ids) <= 2 for ids in named), named
+    assert {event_id for ids in named for event_id in ids} == event_ids
+
+    with deletes_on("task_events") as again:
+        second = retention_cleanup(batch_size=2)
+    assert second == CleanupSummary()
+    assert again == []
+
+
+def test_a_batch_size_below_one_is_refused(db):
+    with pytest.raises(ValueError):
+        retention_cleanup(batch_size=0)
+    with pytest.raises(ValueError):
+        retention_cleanup(now=datetime(2020, 1, 1))  # naive
+
+
+def test_the_command_prints_its_summary(owner):
+    client, _ = owner
+    task = make_task(client, S.CANCELLED)
+    age(task, TASK_EXPIRED)
+    code, _ = pairing_code_create(scopes="read")
+    PairingCode.objects.filter(pk=code.pk).update(expires_at=timezone.now() - timedelta(minutes=1))
+
+    out = StringIO()
+    call_command("lmsp_cleanup", "--batch-size", "1", stdout=out)
+    assert out.getvalue() == (
+        "deleted 2 events, 1 task (1 response, 0 snapshots), 0 idempotency keys, 1 pairing code\n"
+    )
+    assert not Task.objects.filter(pk=task.pk).exists()
+
+    again = StringIO()
+    call_command("lmsp_cleanup", stdout=again)
+    assert again.getvalue() == (
+        "deleted 0 events, 0 tasks (0 responses, 0 snapshots), 0 idempotency keys, 0 pairing codes\n"
+    )
+    with pytest.raises(CommandError):
+        call_command("lmsp_cleanup", "--batch-size", "0", stdout=StringIO())
