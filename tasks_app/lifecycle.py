@@ -10,8 +10,10 @@ too). Callers learn the outcome from ``TransitionResult.won``.
 
 Events are numbered here and nowhere else: ``tasks.last_sequence`` is bumped by
 the number of events inside the compare-and-set, so sequence numbers stay
-contiguous from 0 per task. A worker's snapshot (``snapshot=``) is stored in
-the same transaction, and a winning commit is announced on Redis only after
+contiguous from 0 per task. A worker's snapshot (``snapshot=``, a mapping of
+``token_ids`` generated since the last one and the small ``state``) is
+appended in the same transaction as one ``TaskSnapshot`` row; a terminal
+move deletes those rows. A winning commit is announced on Redis only after
 it commits (``tasks_app.notify``).
 """
 
@@ -44,6 +46,7 @@ from tasks_app.models import (
 )
 from tasks_app.notify import task_changed_on_commit
 from tasks_app.objects import message_item, response_object
+from tasks_app.selectors import task_output_text
 
 S = TaskStatus
 
@@ -270,21 +273,25 @@ def _commit(
         rows = _event_rows(task.id, task.last_sequence - count + 1, specs, now)
         if rows:
             TaskEvent.objects.bulk_create(rows)
-        if snapshot is not None:
-            _store_snapshot(task, snapshot, now)
-        elif drop_snapshot:
+        if to in TERMINAL or drop_snapshot:
+            # A finished task is never resumed; a rerun starts from nothing.
             TaskSnapshot.objects.filter(task_id=task.id).delete()
+        elif snapshot is not None:
+            _store_snapshot(task, snapshot, now)
         task_changed_on_commit(task.id, task.status, task.last_sequence)
     return TransitionResult(won=True, task=task, events=tuple(rows))
 
 
 def _store_snapshot(task: Task, data: Mapping[str, Any], now: datetime) -> None:
-    # UPDATE first: every batch after the first finds the row, so the common
-    # case is one statement, and no read-modify-write race is possible because
-    # the compare-and-set above already holds the task row.
-    fields = {"data": dict(data), "sequence_number": task.last_sequence, "updated_at": now}
-    if not TaskSnapshot.objects.filter(task_id=task.id).update(**fields):
-        TaskSnapshot.objects.create(task_id=task.id, **fields)
+    # One INSERT per batch: ``token_ids`` are the ids generated since the
+    # previous row, ``state`` the small rest (see TaskSnapshot).
+    TaskSnapshot.objects.create(
+        task_id=task.id,
+        sequence_number=task.last_sequence,
+        token_ids=list(data.get("token_ids", ())),
+        state=dict(data["state"]),
+        created_at=now,
+    )
 
 
 def task_transition(
@@ -462,18 +469,5 @@ def task_recover(
 
 def _committed_output(task_id: str) -> list[dict[str, Any]]:
     """The output item of the current attempt as far as its deltas were committed."""
-    opened = (
-        TaskEvent.objects.filter(task_id=task_id, type="response.output_item.added")
-        .order_by("-sequence_number")
-        .values_list("sequence_number", "payload")
-        .first()
-    )
-    if opened is None:
-        return []
-    sequence, payload = opened
-    item_id = json.loads(payload)["item"]["id"]
-    deltas = TaskEvent.objects.filter(
-        task_id=task_id, type="response.output_text.delta", sequence_number__gt=sequence
-    ).order_by("sequence_number")
-    text = "".join(json.loads(p)["delta"] for p in deltas.values_list("payload", flat=True).iterator())
-    return [message_item(item_id, text, "incomplete")] if text else []
+    item_id, text = task_output_text(task_id=task_id)
+    return [message_item(item_id, text, "incomplete")] if item_id and text else []

@@ -240,19 +240,29 @@ class Task(models.Model):
 
 
 class TaskSnapshot(models.Model):
-    """The newest resumable state of a running task, written with each batch of events.
+    """One batch's share of a running task's resumable state.
 
-    Its own table, so that the task row that every list and poll reads stays
-    small while the snapshot (all generated token ids) grows.
+    Every batch of events appends one row in its own transaction: the token
+    ids generated since the previous row, and the small state (sampler RNG,
+    detokeniser offsets, held-back text) as of the batch's last event; the
+    first row of an attempt also holds the prompt ids. Rewriting the whole
+    state with each batch would write O(n²) bytes over a long generation;
+    appending writes each token id once. The rows go when the task ends or
+    starts over (``tasks_app.lifecycle``); ``selectors.task_snapshot_get``
+    puts them back together.
     """
 
-    task = models.OneToOneField(Task, on_delete=models.CASCADE, primary_key=True, related_name="snapshot")
-    sequence_number = models.IntegerField(help_text="The last event the snapshot already accounts for")
-    data = JSONTextField()
-    updated_at = models.DateTimeField()
+    id = models.BigAutoField(primary_key=True)
+    # Indexed with the id below: rows are always read per task, in order.
+    task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="snapshots", db_index=False)
+    sequence_number = models.IntegerField(help_text="The last event this row accounts for")
+    token_ids = JSONTextField(default=list, help_text="Token ids generated since the previous row")
+    state = JSONTextField(help_text="The generation's small state as of this row")
+    created_at = models.DateTimeField()
 
     class Meta:
         db_table = "task_snapshots"
+        indexes = [models.Index(fields=["task", "id"], name="task_snapshot_order")]
 
     def __str__(self) -> str:
         return f"{self.task_id}@{self.sequence_number}"

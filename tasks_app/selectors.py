@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from django.db.models import Q, QuerySet
 
 from tasks_app.exceptions import EventHistoryExpired, InvalidRequest, ModelNotFound, ResponseNotFound, TaskNotFound
-from tasks_app.models import Client, ModelRecord, Response, Task, TaskEvent, TaskStatus
+from tasks_app.models import Client, ModelRecord, Response, Task, TaskEvent, TaskSnapshot, TaskStatus
 
 if TYPE_CHECKING:
     from tasks_app.auth import StreamReader
@@ -159,3 +160,52 @@ def model_list(*, after: str | None, limit: int) -> Page:
         qs = qs.filter(Q(created_at__lt=created_at) | Q(created_at=created_at, id__lt=pk))
     rows = list(qs[: limit + 1])
     return Page(items=rows[:limit], has_more=len(rows) > limit)
+
+
+@dataclass(frozen=True)
+class StoredSnapshot:
+    """A running task's snapshot rows put back together (see ``TaskSnapshot``)."""
+
+    first_state: dict[str, Any]
+    last_state: dict[str, Any]
+    token_ids: list[int]
+    sequence_number: int
+    rows: int
+
+
+def task_snapshot_get(*, task_id: str) -> StoredSnapshot | None:
+    """The task's snapshot as of its newest row, or None when it has none."""
+    rows = list(
+        TaskSnapshot.objects.filter(task_id=task_id).order_by("id").values_list("token_ids", "state", "sequence_number")
+    )
+    if not rows:
+        return None
+    return StoredSnapshot(
+        first_state=rows[0][1],
+        last_state=rows[-1][1],
+        token_ids=[token for ids, _, _ in rows for token in ids],
+        sequence_number=rows[-1][2],
+        rows=len(rows),
+    )
+
+
+def task_output_text(*, task_id: str) -> tuple[str | None, str]:
+    """The id of the current attempt's output item and the text its committed deltas hold.
+
+    The event log is what clients saw, so this is what a task that stops
+    early keeps as its output, and what a resumed generation continues.
+    """
+    opened = (
+        TaskEvent.objects.filter(task_id=task_id, type="response.output_item.added")
+        .order_by("-sequence_number")
+        .values_list("sequence_number", "payload")
+        .first()
+    )
+    if opened is None:
+        return None, ""
+    sequence, payload = opened
+    deltas = TaskEvent.objects.filter(
+        task_id=task_id, type="response.output_text.delta", sequence_number__gt=sequence
+    ).order_by("sequence_number")
+    text = "".join(json.loads(p)["delta"] for p in deltas.values_list("payload", flat=True).iterator())
+    return json.loads(payload)["item"]["id"], text

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tasks_app import lifecycle
+from tasks_app import lifecycle, selectors
 from tasks_app.exceptions import ServerRestarted, TaskNotFound, TransitionNotAllowed
 from tasks_app.models import ResponseStatus, Task, TaskEvent, TaskStatus
 
@@ -235,46 +235,61 @@ def test_delta_batch_query_count(new_task, django_assert_num_queries):
         assert lifecycle.task_append_events(task_id=task.id, events=events).won
 
 
-def test_a_batch_stores_its_snapshot_with_its_events(new_task):
+def snapshot(ids: list[int], n: int) -> dict:
+    return {"token_ids": ids, "state": {"n": n}}
+
+
+def test_a_batch_appends_its_snapshot_row_with_its_events(new_task):
     task = new_task(S.RUNNING)
 
     first = lifecycle.task_append_events(
-        task_id=task.id, events=[("response.output_text.delta", {"delta": "a"})], snapshot={"ids": [1]}
+        task_id=task.id, events=[("response.output_text.delta", {"delta": "a"})], snapshot=snapshot([1], 1)
     )
     second = lifecycle.task_append_events(
-        task_id=task.id, events=[("response.output_text.delta", {"delta": "b"})], snapshot={"ids": [1, 2]}
+        task_id=task.id, events=[("response.output_text.delta", {"delta": "b"})], snapshot=snapshot([2, 3], 2)
     )
 
     assert first.won and second.won
+    stored = selectors.task_snapshot_get(task_id=task.id)
+    assert stored.token_ids == [1, 2, 3]
+    assert (stored.first_state, stored.last_state, stored.rows) == ({"n": 1}, {"n": 2}, 2)
+    assert stored.sequence_number == second.events[-1].sequence_number
     task.refresh_from_db()
-    assert task.snapshot.data == {"ids": [1, 2]}
-    assert task.snapshot.sequence_number == task.last_sequence == second.events[-1].sequence_number
+    assert stored.sequence_number == task.last_sequence
 
 
 def test_a_lost_batch_writes_neither_events_nor_snapshot(new_task):
     task = new_task(S.RUNNING)
-    lifecycle.task_append_events(task_id=task.id, snapshot={"ids": [1]})
+    lifecycle.task_append_events(task_id=task.id, snapshot=snapshot([1], 1))
     assert move(task.id, S.CANCELLING).won
     before = TaskEvent.objects.filter(task=task).count()
 
     lost = lifecycle.task_append_events(
-        task_id=task.id, events=[("response.output_text.delta", {"delta": "late"})], snapshot={"ids": [1, 2, 3]}
+        task_id=task.id, events=[("response.output_text.delta", {"delta": "late"})], snapshot=snapshot([2], 2)
     )
 
     assert not lost.won
     assert TaskEvent.objects.filter(task=task).count() == before
-    task.refresh_from_db()
-    assert task.snapshot.data == {"ids": [1]}
+    assert selectors.task_snapshot_get(task_id=task.id).token_ids == [1]
+
+
+def test_a_finished_task_keeps_no_snapshot(new_task):
+    task = new_task(S.RUNNING)
+    lifecycle.task_append_events(task_id=task.id, snapshot=snapshot([1, 2], 1))
+
+    assert move(task.id, S.SUCCEEDED).won
+
+    assert selectors.task_snapshot_get(task_id=task.id) is None
 
 
 def test_a_batch_of_deltas_costs_a_fixed_number_of_queries(new_task, django_assert_num_queries):
-    """The worker's hot path: compare-and-set, read back, insert the events, store the snapshot."""
+    """The worker's hot path: compare-and-set, read back, insert the events, append the snapshot row."""
     task = new_task(S.RUNNING)
-    lifecycle.task_append_events(task_id=task.id, snapshot={"ids": [1]})
+    lifecycle.task_append_events(task_id=task.id, snapshot=snapshot([1], 1))
     deltas = [("response.output_text.delta", {"delta": str(n)}) for n in range(16)]
 
     with django_assert_num_queries(4):
-        result = lifecycle.task_append_events(task_id=task.id, events=deltas, snapshot={"ids": list(range(16))})
+        result = lifecycle.task_append_events(task_id=task.id, events=deltas, snapshot=snapshot(list(range(16)), 2))
 
     assert result.won
     assert len(result.events) == 16

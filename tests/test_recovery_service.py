@@ -49,7 +49,7 @@ def held(make_client, demo_model, queue, settings):
                 holder=GHOST,
                 events=[("response.output_item.added", {"output_index": 0, "item": {"id": "msg_1"}})],
                 task_changes={"heartbeat_at": beat},
-                snapshot={"item_id": "msg_1", "backend": {"text": ""}},
+                snapshot={"token_ids": [], "state": {"item_id": "msg_1", "backend": {}}},
             )
             assert started.won
         if status == S.CANCELLING:

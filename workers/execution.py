@@ -30,8 +30,9 @@ from django.utils import timezone
 from tasks_app import lifecycle
 from tasks_app.exceptions import BackendError, LmspError, ModelLoadFailed, ServerRestarted, TaskNotFound
 from tasks_app.ids import new_message_id
-from tasks_app.models import Response, ResponseStatus, TaskSnapshot, TaskStatus
+from tasks_app.models import Response, ResponseStatus, TaskStatus
 from tasks_app.objects import message_item, output_text_part
+from tasks_app.selectors import task_output_text, task_snapshot_get
 from tasks_app.services.dispatch import dispatch_marker_clear
 from workers.backends.base import (
     FINISH_CANCELLED,
@@ -133,6 +134,10 @@ class _Run:
     pending_text: list[str] = field(default_factory=list)
     pending_tokens: int = 0
     batch_started: float = 0.0
+    # Generated ids already in snapshot rows, and whether the prompt is.
+    stored_tokens: int = 0
+    prompt_stored: bool = False
+    _snapshot_tokens: int = 0
 
     def delta(self, text: str) -> None:
         self.pending.append(
@@ -144,10 +149,26 @@ class _Run:
         self.pending_text.append(text)
 
     def snapshot(self) -> dict[str, Any]:
-        return {
-            "item_id": self.item_id,
-            "backend": self.generation.snapshot() if self.generation is not None else None,
-        }
+        """The next snapshot row: new token ids and the small state (see ``TaskSnapshot``).
+
+        The generation's own snapshot is split: prompt ids go into the first
+        row only, generated ids into the row of the batch that made them, and
+        the released text is not stored at all (the committed deltas are it).
+        """
+        assert self.generation is not None
+        state = self.generation.snapshot()
+        prompt_ids = state.pop("prompt_ids")
+        generated = state.pop("generated_ids")
+        state.pop("text")
+        if not self.prompt_stored:
+            state["prompt_ids"] = prompt_ids
+        self._snapshot_tokens = len(generated)
+        return {"token_ids": generated[self.stored_tokens :], "state": {"item_id": self.item_id, "backend": state}}
+
+    def snapshot_stored(self) -> None:
+        """The row from the last :meth:`snapshot` was committed."""
+        self.stored_tokens = self._snapshot_tokens
+        self.prompt_stored = True
 
     def text(self) -> str:
         return "".join(self.committed_text)
@@ -220,14 +241,17 @@ def _run(task_id: str, worker: str, cancelled: threading.Event, heartbeat: Heart
 def _resume(task_id: str, worker: str, status: str, cancelled: threading.Event, heartbeat: Heartbeat) -> str:
     """Continue a task from its snapshot: the same output item, right after its last committed event."""
     response = Response.objects.only("id", "model", "request").get(task__id=task_id)
-    snapshot = TaskSnapshot.objects.filter(task_id=task_id).values_list("data", flat=True).first()
-    backend_state = (snapshot or {}).get("backend")
-    item_id = (snapshot or {}).get("item_id")
+    stored = task_snapshot_get(task_id=task_id)
+    _, text = task_output_text(task_id=task_id)
+    item_id = stored.last_state.get("item_id") if stored is not None else None
     run = _Run(task_id=task_id, worker=worker, item_id=item_id or new_message_id(), heartbeat=heartbeat)
-    if not isinstance(backend_state, dict) or not item_id:
+    run.committed_text = [text]
+    if stored is None or not item_id:
+        if status == S.CANCELLING:
+            return _cancelled(run)
         problem = ServerRestarted("The service restarted and the task has no snapshot to resume from").to_problem()
-        return _fail(run, problem, sources=[S.RUNNING]) if status == S.RUNNING else _cancelled(run)
-    run.committed_text = [str(backend_state.get("text", ""))]
+        return _fail(run, problem, sources=[S.RUNNING])
+    run.stored_tokens, run.prompt_stored = len(stored.token_ids), True
     if status == S.CANCELLING:
         # Cancelled while it waited for a worker: nothing to generate.
         return _cancelled(run)
@@ -235,6 +259,12 @@ def _resume(task_id: str, worker: str, status: str, cancelled: threading.Event, 
     if isinstance(model, str):
         return model
     try:
+        backend_state = {
+            **stored.last_state["backend"],
+            "prompt_ids": stored.first_state["backend"]["prompt_ids"],
+            "generated_ids": stored.token_ids,
+            "text": text,
+        }
         params = SamplingParams.from_request(response.request)
         run.generation = model.resume(backend_state, params, should_stop=cancelled.is_set)
         logger.info(
@@ -273,6 +303,7 @@ def _generate(run: _Run, model: LoadedModel, request: Mapping[str, Any], cancell
     )
     if not started.won:
         return _after_lost_race(run, started.task.status)
+    run.snapshot_stored()
     logger.info(
         "task %s running: %d prompt tokens, seed %d", run.task_id, run.generation.prompt_tokens, run.generation.seed
     )
@@ -317,6 +348,7 @@ def _commit_batch(run: _Run) -> str | None:
     if not result.won:
         return _after_lost_race(run, result.task.status)
     run.heartbeat.touched()
+    run.snapshot_stored()
     run.committed_text.extend(run.pending_text)
     run.pending, run.pending_text, run.pending_tokens = [], [], 0
     return None
@@ -348,7 +380,6 @@ def _succeed(run: _Run) -> str:
             "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
         },
         task_changes={"heartbeat_at": timezone.now()},
-        snapshot=run.snapshot(),
         holder=run.worker,
     )
     if not done.won:

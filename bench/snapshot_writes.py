@@ -1,0 +1,93 @@
+"""What the resumable snapshot costs a generation: bytes written and wall time.
+
+Runs real tasks in this process (``workers.execution.task_execute``, the
+demo model, ONNX Runtime on the CPU) against a fresh SQLite file, and counts
+every statement that touches ``task_snapshots`` with the size of its
+parameters. Needs Redis on REDIS_URL (the worker clears its dispatch marker
+and watches for cancels there).
+
+    .venv/bin/python bench/snapshot_writes.py --tokens 1000 4000 8000
+
+Prints one line per generation length: wall time, tokens per second, the
+snapshot statements and the bytes they carried. Works on any commit that has
+``task_execute(task_id=, worker=)``, so two versions can be compared.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tokens", type=int, nargs="+", default=[1000, 4000, 8000])
+    args = parser.parse_args()
+
+    scratch = Path(tempfile.mkdtemp(prefix="lmsp-snapshot-bench-"))
+    os.environ.update(
+        {
+            "DJANGO_SETTINGS_MODULE": "lmsp_project.settings",
+            "DATABASE_URL": f"sqlite:///{scratch / 'bench.sqlite3'}",
+            "LMSP_DATA_DIR": str(scratch),
+            "LMSP_MODELS_DIR": str(scratch / "models"),
+            "LMSP_REDIS_PREFIX": f"lmsp-bench-{os.getpid()}",
+            "LMSP_TASK_QUEUE": f"lmsp-bench-{os.getpid()}-idle",
+            "LMSP_LOG_LEVEL": "WARNING",
+        }
+    )
+    sys.path.insert(0, str(REPO))
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+    from django.db import connection
+
+    from tasks_app import lifecycle
+    from tasks_app.models import Task
+    from tasks_app.services.clients import client_create
+    from tasks_app.services.models import model_scan
+    from workers.demo_model import build_demo_model
+    from workers.execution import task_execute
+
+    call_command("migrate", verbosity=0)
+    build_demo_model(scratch / "models" / "demo", size="demo")
+    model_scan(models_dir=scratch / "models")
+    client, _ = client_create(name="bench", scopes="responses,read")
+
+    counts = {"statements": 0, "bytes": 0}
+
+    def count(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        if "task_snapshots" in sql and not sql.lstrip().upper().startswith("SELECT"):
+            counts["statements"] += 1
+            counts["bytes"] += sum(len(str(p)) for p in (params or ()))
+        return execute(sql, params, many, context)
+
+    # Warm the model cache so the first row does not pay the load.
+    warm = lifecycle.task_insert(
+        client=client, request={"model": "demo", "input": "warm", "max_output_tokens": 4}, model="demo"
+    )
+    task_execute(task_id=warm.id, worker="bench/0")
+
+    print(f"{'tokens':>7} {'wall s':>7} {'tok/s':>7} {'snapshot writes':>16} {'snapshot bytes':>15}")
+    for tokens in args.tokens:
+        request = {"model": "demo", "input": "Tell me a story", "max_output_tokens": tokens, "seed": 7}
+        task = lifecycle.task_insert(client=client, request=request, model="demo")
+        counts.update(statements=0, bytes=0)
+        with connection.execute_wrapper(count):
+            started = time.perf_counter()
+            task_execute(task_id=task.id, worker="bench/1")
+            wall = time.perf_counter() - started
+        produced = Task.objects.select_related("response").get(pk=task.id).response.usage["output_tokens"]
+        print(f"{produced:>7} {wall:>7.2f} {produced / wall:>7.0f} {counts['statements']:>16} {counts['bytes']:>15,}")
+
+
+if __name__ == "__main__":
+    main()
