@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -345,6 +346,27 @@ def test_recover_leaves_tasks_of_live_workers_alone(lab: Lab):
         assert lab.wait_for(busy, TERMINAL, worker)["status"] == "succeeded"
         assert lab.wait_for(waiting, TERMINAL, worker)["status"] == "succeeded"
     assert Task.objects.get(pk=busy).attempts == 1
+
+
+def test_a_pool_process_that_dies_mid_task_has_its_task_recovered_at_once(lab: Lab):
+    # No reaper runs here: only the worker's parent, which sees its child die, can recover the task.
+    with lab.worker("parent") as worker:
+        task_id = lab.create("resume", tokens=LONG)
+        wait_for_deltas(task_id, 3, worker)
+        child = int(Task.objects.get(pk=task_id).worker.rpartition("/")[2])
+        before = events(task_id)
+        os.kill(child, signal.SIGKILL)
+
+        done = lab.wait_for(task_id, TERMINAL, worker)
+
+    assert done["status"] == "succeeded"
+    assert f"its worker process parent@{os.uname().nodename}/{child} died" in worker.log()
+    log = events(task_id)
+    assert_contiguous_with_one_terminal(log)
+    assert log[: len(before)] == before
+    assert done["response"]["output"][0]["content"][0]["text"] == deltas(log)
+    task = Task.objects.get(pk=task_id)
+    assert task.attempts == 2 and not task.worker.endswith(f"/{child}")
 
 
 def test_reaper_resumes_the_task_of_a_dead_worker_and_spares_the_live_one(lab: Lab, tmp_path: Path):

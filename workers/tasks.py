@@ -6,9 +6,11 @@ import os
 from dataclasses import asdict
 
 from celery import Task, shared_task
+from celery.exceptions import WorkerLostError
+from celery.signals import task_failure
 
 from tasks_app.services.dispatch import RUN_TASK, queued_tasks_sweep
-from tasks_app.services.recovery import abandoned_tasks_reap
+from tasks_app.services.recovery import abandoned_tasks_reap, lost_task_recover
 from tasks_app.services.retention import retention_cleanup
 from workers.execution import task_execute
 
@@ -36,3 +38,13 @@ def reap_abandoned() -> int:
 @shared_task(name=CLEANUP_TASK, ignore_result=True, acks_late=False)
 def cleanup() -> dict[str, int]:
     return asdict(retention_cleanup())
+
+
+@task_failure.connect
+def _pool_process_lost(sender: Task | None = None, exception: BaseException | None = None, **kwargs: object) -> None:
+    """Runs in the worker's parent process when a pool child died mid-task (OOM, a crash)."""
+    if not isinstance(exception, WorkerLostError) or sender is None or sender.name != RUN_TASK:
+        return
+    args = kwargs.get("args") or ()
+    if args:
+        lost_task_recover(task_id=str(args[0]), node=sender.request.hostname or "worker")

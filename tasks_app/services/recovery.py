@@ -12,6 +12,8 @@ Which tasks are leftovers differs:
   command while workers live, or restarting only the web process, harms
   nothing) and those claimed after the question was asked. While live
   workers exist, queued tasks wait for them rather than being failed.
+- When Celery reports that the pool process running a task died, that one
+  task is recovered at once (``lost_task_recover``).
 - The reaper takes only held tasks (``loading``, ``running``,
   ``cancelling``) whose heartbeat is older than
   ``LMSP_HEARTBEAT_TIMEOUT_SECONDS``: a live worker writes one at least every
@@ -25,6 +27,7 @@ in a loop.
 from __future__ import annotations
 
 import logging
+import os
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -199,6 +202,36 @@ def leftover_tasks_recover(*, live: LiveWorkers, batch_size: int = 500) -> Recov
             continue
         _move(row, reason="the service restarted", summary=summary)
     return summary
+
+
+def lost_task_recover(*, task_id: str, node: str) -> RecoverySummary:
+    """A pool process of worker ``node`` died while running ``task_id``: apply the table now.
+
+    Celery's parent process learns of the death at once (WorkerLostError);
+    without this the task would wait for the reaper's heartbeat timeout. Only
+    a task still held by a process of ``node`` that no longer exists is moved,
+    with the same compare-and-set as every recovery.
+    """
+    summary = RecoverySummary()
+    row = (
+        Task.objects.filter(pk=task_id, status__in=lifecycle.HELD, worker__startswith=f"{node}/")
+        .values(*_FIELDS)
+        .first()
+    )
+    if row is None or _process_alive(row["worker"].rpartition("/")[2]):
+        return summary
+    _move(row, reason=f"its worker process {row['worker']} died", summary=summary)
+    return summary
+
+
+def _process_alive(pid: str) -> bool:
+    try:
+        os.kill(int(pid), 0)
+    except (ValueError, ProcessLookupError):
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def abandoned_tasks_reap(
