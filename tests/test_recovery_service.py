@@ -8,6 +8,9 @@ sweeper's share (tasks left waiting for a worker to resume them).
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from datetime import timedelta
 
 import pytest
@@ -22,7 +25,10 @@ from tasks_app.notify import key, redis_client
 from tasks_app.services.dispatch import queued_tasks_sweep
 from tasks_app.services.recovery import LiveWorkers, abandoned_tasks_reap, leftover_tasks_recover
 from tasks_app.services.tasks import task_cancel
+from tests.conftest import REDIS_PREFIX
+from tests.support.db import database_url
 from tests.support.queues import queued_ids
+from tests.support.server import REPO
 
 S = TaskStatus
 GHOST = "ghost@nowhere/1"
@@ -188,3 +194,26 @@ def test_the_sweeper_resends_tasks_waiting_to_be_resumed_and_a_cancel_reaches_th
     Task.objects.filter(pk=waiting).update(updated_at=timezone.now() - timedelta(seconds=60))
     assert status(waiting) == S.CANCELLING
     assert queued_tasks_sweep(grace_seconds=30) == [waiting]
+
+
+def test_the_command_as_a_service_start_runs_it(held, queue):
+    """``manage.py lmsp_recover`` in its own process, as scripts/quickstart runs it."""
+    running = held(S.RUNNING, RestartPolicy.FAIL)
+    cancelling = held(S.CANCELLING, RestartPolicy.RESUME)
+    env = {
+        **os.environ,
+        "DATABASE_URL": database_url(),
+        "LMSP_REDIS_PREFIX": REDIS_PREFIX,
+        "LMSP_TASK_QUEUE": queue,
+        "LMSP_RECOVER_INSPECT_SECONDS": "0.3",
+    }
+
+    done = subprocess.run(
+        [sys.executable, "manage.py", "lmsp_recover"], cwd=REPO, env=env, capture_output=True, text=True, timeout=60
+    )
+
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert "lmsp_recover: live workers: none" in lines
+    assert "lmsp_recover: failed: 1" in lines and "lmsp_recover: cancelled: 1" in lines
+    assert (status(running), status(cancelling)) == (S.FAILED, S.CANCELLED)
