@@ -101,6 +101,17 @@ def test_live_workers_keep_their_tasks_and_queued_tasks_wait_for_them(held):
     assert (status(running_live), status(queued), status(running_dead)) == (S.RUNNING, S.QUEUED, S.FAILED)
 
 
+def test_a_task_of_a_live_worker_that_did_not_list_its_tasks_in_time_is_left_alone(held):
+    task_id = held(S.RUNNING)
+    node = GHOST.partition("/")[0]
+    live = LiveWorkers(frozenset({node}), frozenset(), timezone.now(), silent=frozenset({node}))
+
+    summary = leftover_tasks_recover(live=live)
+
+    assert summary.task_ids["held by a live worker"] == [task_id]
+    assert status(task_id) == S.RUNNING
+
+
 def test_a_task_claimed_after_the_workers_were_asked_is_not_a_leftover(held):
     asked = timezone.now() - timedelta(seconds=5)
     claimed_later = held(S.LOADING, age=0)

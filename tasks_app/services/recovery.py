@@ -90,6 +90,12 @@ class LiveWorkers:
     nodes: frozenset[str]
     task_ids: frozenset[str]
     asked_at: datetime
+    silent: frozenset[str] = frozenset()
+    """Nodes that consume the queue but did not say in time what they run."""
+
+    def may_hold(self, worker: str) -> bool:
+        """True when ``worker`` (``node/pid``) belongs to a live node that did not answer in full."""
+        return worker.partition("/")[0] in self.silent
 
 
 def live_workers_inspect(*, timeout: float | None = None) -> LiveWorkers:
@@ -119,7 +125,8 @@ def live_workers_inspect(*, timeout: float | None = None) -> LiveWorkers:
         for request in requests
         if request.get("name") == RUN_TASK and request.get("args")
     )
-    return LiveWorkers(nodes, task_ids, asked_at)
+    # A node too slow to list its tasks may still be running one of ours.
+    return LiveWorkers(nodes, task_ids, asked_at, silent=nodes - frozenset(active))
 
 
 def _rows(statuses: tuple[str, ...], batch_size: int, **filters: Any) -> Iterator[dict[str, Any]]:
@@ -192,8 +199,13 @@ def leftover_tasks_recover(*, live: LiveWorkers, batch_size: int = 500) -> Recov
                 # Waiting in a live queue is not being left over.
                 summary.add(LEFT_QUEUED, row["id"])
                 continue
-        elif row["id"] in live.task_ids or (row["heartbeat_at"] is not None and row["heartbeat_at"] >= live.asked_at):
-            # Running on a live worker, or claimed after we asked.
+        elif (
+            row["id"] in live.task_ids
+            or live.may_hold(row["worker"])
+            or (row["heartbeat_at"] is not None and row["heartbeat_at"] >= live.asked_at)
+        ):
+            # Running on a live worker (or perhaps, on one that did not answer
+            # in time: the reaper decides later), or claimed after we asked.
             summary.add(LIVE, row["id"])
             continue
         elif live.nodes and row["worker"] == "" and found == S.RUNNING:
