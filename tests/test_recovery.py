@@ -28,7 +28,7 @@ from tasks_app.services.models import model_scan
 from tests.conftest import REDIS_PREFIX, ApiClient
 from tests.support.db import database_url
 from tests.support.server import uvicorn_process
-from tests.support.sse import open_stream
+from tests.support.sse import call, open_stream
 from tests.support.waiting import wait_until
 from tests.support.worker import WorkerProcess, celery_worker, kill_process_group, maintenance_queue
 
@@ -367,6 +367,32 @@ def test_a_pool_process_that_dies_mid_task_has_its_task_recovered_at_once(lab: L
     assert done["response"]["output"][0]["content"][0]["text"] == deltas(log)
     task = Task.objects.get(pk=task_id)
     assert task.attempts == 2 and not task.worker.endswith(f"/{child}")
+
+
+def test_restarting_only_the_web_process_leaves_a_running_task_alone(lab: Lab):
+    env = {**lab.env, "LMSP_TASK_QUEUE": lab.queue}
+    body = {
+        "type": "response",
+        "on_restart": "fail",
+        "input": {"model": "demo", "input": "Go", "max_output_tokens": LONG},
+    }
+    with lab.worker("steady") as worker:
+        with uvicorn_process(lab.env["DATABASE_URL"], env) as first:
+            status, task = call(first.base, "POST", "/lmsp/v1/tasks", token=lab.api.token, body=body)
+            assert status == 202
+            wait_for_deltas(task["id"], 3, worker)
+            os.kill(first.pid, signal.SIGKILL)
+        assert Task.objects.get(pk=task["id"]).status == TaskStatus.RUNNING
+        with uvicorn_process(lab.env["DATABASE_URL"], env) as second:
+            with open_stream(second.base, f"/lmsp/v1/tasks/{task['id']}/events", token=lab.api.token) as stream:
+                seen = stream.all()
+
+    assert stream.ended and seen[-1].event == "response.incomplete"
+    log = events(task["id"])
+    assert [json.loads(event.data) for event in seen] == log
+    assert_contiguous_with_one_terminal(log)
+    assert [e["type"] for e in log].count("response.in_progress") == 1
+    assert Task.objects.get(pk=task["id"]).attempts == 1
 
 
 def test_reaper_resumes_the_task_of_a_dead_worker_and_spares_the_live_one(lab: Lab, tmp_path: Path):
