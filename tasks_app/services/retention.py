@@ -31,7 +31,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from tasks_app.models import (
@@ -102,14 +102,14 @@ def retention_cleanup(*, now: datetime | None = None, batch_size: int | None = N
     events = _delete_events(cutoff=events_cutoff, size=size)
     tasks, responses, snapshots, cascaded_events = _delete_tasks(cutoff=tasks_cutoff, size=size)
     idempotency_keys = _delete_in_batches(
-        select=lambda: IdempotencyKey.objects.filter(expires_at__lte=now).order_by("expires_at", "pk"),
+        select=lambda: IdempotencyKey.objects.filter(expires_at__lte=now),
         delete=lambda pks: IdempotencyKey.objects.filter(pk__in=pks, expires_at__lte=now).delete()[0],
         size=size,
     )
     # Used codes too: once expired, a code can never be redeemed, and the
     # client it created keeps its own row.
     pairing_codes = _delete_in_batches(
-        select=lambda: PairingCode.objects.filter(expires_at__lte=now).order_by("pk"),
+        select=lambda: PairingCode.objects.filter(expires_at__lte=now),
         delete=lambda pks: PairingCode.objects.filter(pk__in=pks, expires_at__lte=now).delete()[0],
         size=size,
     )
@@ -127,15 +127,23 @@ def retention_cleanup(*, now: datetime | None = None, batch_size: int | None = N
 
 
 def _delete_in_batches(*, select: Callable[[], QuerySet[Any]], delete: Callable[[list[Any]], int], size: int) -> int:
-    """Select up to ``size`` pks, delete them in their own transaction, until a batch is short."""
+    """Select up to ``size`` pks, delete them in their own transaction, until a batch is short.
+
+    Each select starts after the last pk of the previous batch (keyset), so a
+    run reads past the rows it keeps (events of tasks not yet expired, say)
+    once, not again for every batch.
+    """
     deleted = 0
+    after: Any = None
     while True:
-        pks = list(select().values_list("pk", flat=True)[:size])
+        query = select() if after is None else select().filter(pk__gt=after)
+        pks = list(query.order_by("pk").values_list("pk", flat=True)[:size])
         if not pks:
             return deleted
         with transaction.atomic():
             removed = delete(pks)
         deleted += removed
+        after = pks[-1]
         # A short batch means nothing is left; a batch that removed nothing
         # means another cleanup took these rows, and looping on them again
         # could go on forever.
@@ -144,18 +152,41 @@ def _delete_in_batches(*, select: Callable[[], QuerySet[Any]], delete: Callable[
 
 
 def _delete_events(*, cutoff: datetime, size: int) -> int:
-    """Events of terminal tasks that finished before ``cutoff``, by event id."""
+    """Events of terminal tasks that finished before ``cutoff``.
 
-    def expired() -> QuerySet[TaskEvent]:
-        return TaskEvent.objects.filter(task__status__in=TERMINAL_TASK_STATUSES, task__updated_at__lt=cutoff)
-
-    return _delete_in_batches(
-        select=lambda: expired().order_by("pk"),
-        # TaskEvent has no dependants, so this is one DELETE ... WHERE id IN
-        # (those ids) AND the task is still terminal and old.
-        delete=lambda pks: expired().filter(pk__in=pks).delete()[0],
-        size=size,
-    )
+    Driven by the tasks (the ``task_finished`` index), a chunk of ``size`` at
+    a time, and within a chunk by the events' own ``(task, sequence_number)``
+    index, ``size`` events per transaction. Selecting expired events straight
+    from the events table made PostgreSQL scan and sort the whole table for
+    every batch.
+    """
+    finished = Task.objects.filter(status__in=TERMINAL_TASK_STATUSES, updated_at__lt=cutoff)
+    deleted = 0
+    after: tuple[datetime, str] | None = None
+    while True:
+        chunk = finished
+        if after is not None:
+            chunk = chunk.filter(Q(updated_at__gt=after[0]) | Q(updated_at=after[0], pk__gt=after[1]))
+        rows = list(chunk.order_by("updated_at", "pk").values_list("updated_at", "pk")[:size])
+        if not rows:
+            return deleted
+        after = rows[-1]
+        task_ids = [pk for _, pk in rows]
+        # Repeats the task conditions: a row that changed since it was read is left alone.
+        expired = TaskEvent.objects.filter(
+            task_id__in=task_ids, task__status__in=TERMINAL_TASK_STATUSES, task__updated_at__lt=cutoff
+        )
+        while True:
+            pks = list(expired.order_by("task_id", "sequence_number").values_list("pk", flat=True)[:size])
+            if not pks:
+                break
+            with transaction.atomic():
+                removed = expired.filter(pk__in=pks).delete()[0]
+            deleted += removed
+            if len(pks) < size or removed == 0:
+                break
+        if len(rows) < size:
+            return deleted
 
 
 def _delete_tasks(*, cutoff: datetime, size: int) -> tuple[int, int, int, int]:
