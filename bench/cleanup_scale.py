@@ -11,14 +11,10 @@ then times ``retention_cleanup`` and a second run that finds nothing.
 from __future__ import annotations
 
 import argparse
-import os
-import sys
-import tempfile
 import time
 from datetime import timedelta
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from scratch import django_in_scratch
 
 
 def main() -> None:
@@ -28,21 +24,7 @@ def main() -> None:
     parser.add_argument("--database-url", default=None, help="default: a new SQLite file in a temp dir")
     args = parser.parse_args()
 
-    scratch = Path(tempfile.mkdtemp(prefix="lmsp-cleanup-bench-"))
-    os.environ.update(
-        {
-            "DJANGO_SETTINGS_MODULE": "lmsp_project.settings",
-            "DATABASE_URL": args.database_url or f"sqlite:///{scratch / 'bench.sqlite3'}",
-            "LMSP_DATA_DIR": str(scratch),
-            "LMSP_REDIS_PREFIX": f"lmsp-bench-{os.getpid()}",
-            "LMSP_LOG_LEVEL": "WARNING",
-        }
-    )
-    sys.path.insert(0, str(REPO))
-    import django
-
-    django.setup()
-    from django.core.management import call_command
+    django_in_scratch("cleanup", database_url=args.database_url)
     from django.db import connection, transaction
     from django.utils import timezone
 
@@ -53,7 +35,6 @@ def main() -> None:
     from tasks_app.services.retention import retention_cleanup
 
     S = TaskStatus
-    call_command("migrate", verbosity=0)
     client, _ = client_create(name="bench", scopes="read")
     delta = ("response.output_text.delta", {"delta": "x"})
     started = time.perf_counter()

@@ -14,13 +14,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
-import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
+from scratch import django_in_scratch
 
 
 def main() -> None:
@@ -30,23 +27,7 @@ def main() -> None:
     parser.add_argument("--database-url", default=None, help="default: a new SQLite file in a temp dir")
     args = parser.parse_args()
 
-    scratch = Path(tempfile.mkdtemp(prefix="lmsp-recover-bench-"))
-    prefix = f"lmsp-bench-{os.getpid()}"
-    os.environ.update(
-        {
-            "DJANGO_SETTINGS_MODULE": "lmsp_project.settings",
-            "DATABASE_URL": args.database_url or f"sqlite:///{scratch / 'bench.sqlite3'}",
-            "LMSP_DATA_DIR": str(scratch),
-            "LMSP_REDIS_PREFIX": prefix,
-            "LMSP_TASK_QUEUE": f"{prefix}-idle",
-            "LMSP_LOG_LEVEL": "WARNING",
-        }
-    )
-    sys.path.insert(0, str(REPO))
-    import django
-
-    django.setup()
-    from django.core.management import call_command
+    django_in_scratch("recover", database_url=args.database_url)
     from django.db import connection, transaction
     from django.utils import timezone
 
@@ -58,7 +39,6 @@ def main() -> None:
     from tasks_app.services.recovery import LiveWorkers, leftover_tasks_recover
 
     S = TaskStatus
-    call_command("migrate", verbosity=0)
     client, _ = client_create(name="bench", scopes="responses,read")
     policies = list(RestartPolicy)
     started = time.perf_counter()
@@ -107,7 +87,7 @@ def main() -> None:
     started = time.perf_counter()
     again = leftover_tasks_recover(live=nobody)
     print(f"second run: {time.perf_counter() - started:.2f} s, moved {again.moved}")
-    for key in redis_client().scan_iter(match=f"{prefix}*", count=1000):
+    for key in redis_client().scan_iter(match=f"{os.environ['LMSP_REDIS_PREFIX']}*", count=1000):
         redis_client().delete(key)
 
 

@@ -16,14 +16,10 @@ snapshot statements and the bytes they carried. Works on any commit that has
 from __future__ import annotations
 
 import argparse
-import os
-import sys
-import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
+from scratch import django_in_scratch
 
 
 def main() -> None:
@@ -31,23 +27,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, nargs="+", default=[1000, 4000, 8000])
     args = parser.parse_args()
 
-    scratch = Path(tempfile.mkdtemp(prefix="lmsp-snapshot-bench-"))
-    os.environ.update(
-        {
-            "DJANGO_SETTINGS_MODULE": "lmsp_project.settings",
-            "DATABASE_URL": f"sqlite:///{scratch / 'bench.sqlite3'}",
-            "LMSP_DATA_DIR": str(scratch),
-            "LMSP_MODELS_DIR": str(scratch / "models"),
-            "LMSP_REDIS_PREFIX": f"lmsp-bench-{os.getpid()}",
-            "LMSP_TASK_QUEUE": f"lmsp-bench-{os.getpid()}-idle",
-            "LMSP_LOG_LEVEL": "WARNING",
-        }
-    )
-    sys.path.insert(0, str(REPO))
-    import django
-
-    django.setup()
-    from django.core.management import call_command
+    scratch = django_in_scratch("snapshot")
     from django.db import connection
 
     from tasks_app import lifecycle
@@ -57,7 +37,6 @@ def main() -> None:
     from workers.demo_model import build_demo_model
     from workers.execution import task_execute
 
-    call_command("migrate", verbosity=0)
     build_demo_model(scratch / "models" / "demo", size="demo")
     model_scan(models_dir=scratch / "models")
     client, _ = client_create(name="bench", scopes="responses,read")

@@ -184,6 +184,31 @@ def test_resume_continues_token_for_token(model: OnnxModel, prompt: list[int], p
     assert resumed.seed == first.seed == snapshot["seed"]
 
 
+def test_snapshot_parts_taken_as_a_store_appends_them_rejoin_to_the_whole_snapshot(
+    model: OnnxModel, prompt: list[int]
+) -> None:
+    params = SamplingParams(temperature=0.8, top_p=0.9, seed=77, max_output_tokens=40)
+    generation = model.generate(prompt, params, should_stop=never)
+    ids, first_state = generation.snapshot_since(0, with_prompt=True)
+    stored, last_state = list(ids), first_state
+    for index, _step in enumerate(generation):
+        if index % 7 == 6:  # a "batch" every 7 steps
+            new_ids, last_state = generation.snapshot_since(len(stored), with_prompt=False)
+            stored += new_ids
+            assert "prompt_ids" not in last_state and "text" not in last_state
+        if index == 24:
+            break
+    new_ids, last_state = generation.snapshot_since(len(stored), with_prompt=False)  # the last, partial batch
+    stored += new_ids
+
+    rejoined = {**last_state, "prompt_ids": first_state["prompt_ids"], "generated_ids": stored}
+    whole = generation.snapshot()
+    assert rejoined == {key: value for key, value in whole.items() if key != "text"}
+    resumed = model.resume(json.loads(json.dumps({**rejoined, "text": generation.text()})), params, should_stop=never)
+    uninterrupted = model.generate(prompt, params, should_stop=never)
+    assert token_ids(run(uninterrupted)) == stored + token_ids(run(resumed))
+
+
 def test_snapshot_of_a_stopped_generation_does_not_resume_past_the_stop(
     model: OnnxModel, prompt: list[int], greedy_run: OnnxGeneration
 ) -> None:

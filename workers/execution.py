@@ -151,19 +151,15 @@ class _Run:
     def snapshot(self) -> dict[str, Any]:
         """The next snapshot row: new token ids and the small state (see ``TaskSnapshot``).
 
-        The generation's own snapshot is split: prompt ids go into the first
-        row only, generated ids into the row of the batch that made them, and
-        the released text is not stored at all (the committed deltas are it).
+        Prompt ids go into the first row only, generated ids into the row of
+        the batch that made them, and the released text is not stored at all
+        (the committed deltas are it), so a batch copies nothing that grows
+        with the output.
         """
         assert self.generation is not None
-        state = self.generation.snapshot()
-        prompt_ids = state.pop("prompt_ids")
-        generated = state.pop("generated_ids")
-        state.pop("text")
-        if not self.prompt_stored:
-            state["prompt_ids"] = prompt_ids
-        self._snapshot_tokens = len(generated)
-        return {"token_ids": generated[self.stored_tokens :], "state": {"item_id": self.item_id, "backend": state}}
+        new_ids, state = self.generation.snapshot_since(self.stored_tokens, with_prompt=not self.prompt_stored)
+        self._snapshot_tokens = self.stored_tokens + len(new_ids)
+        return {"token_ids": new_ids, "state": {"item_id": self.item_id, "backend": state}}
 
     def snapshot_stored(self) -> None:
         """The row from the last :meth:`snapshot` was committed."""

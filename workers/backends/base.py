@@ -94,6 +94,14 @@ class Generation(Protocol):
         ids, sampler RNG state, detokeniser offsets, released text length."""
         ...
 
+    def snapshot_since(self, tokens: int, *, with_prompt: bool) -> tuple[list[int], dict[str, Any]]:
+        """The snapshot in parts that do not grow with the output, for a store
+        that appends: the ids generated after the first ``tokens``, and the rest
+        without the released text (rebuilt from the deltas) and, unless
+        ``with_prompt``, without the prompt ids. Re-joined, the parts of every
+        call so far give :meth:`snapshot` minus ``text``."""
+        ...
+
 
 class LoadedModel(Protocol):
     """A model ready to generate; cached per worker process."""

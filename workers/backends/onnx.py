@@ -694,18 +694,25 @@ class OnnxGeneration:
         ``held_text`` what it still keeps back; the RNG state holds its 128-bit
         integers as hex strings.
         """
-        return {
+        new_ids, state = self.snapshot_since(0, with_prompt=True)
+        return {**state, "generated_ids": new_ids, "text": self.text()}
+
+    def snapshot_since(self, tokens: int, *, with_prompt: bool) -> tuple[list[int], dict[str, Any]]:
+        """:meth:`snapshot` in parts that do not grow with the output: the ids
+        generated after the first ``tokens``, and the rest without ``text``
+        (and without ``prompt_ids`` unless ``with_prompt``)."""
+        state: dict[str, Any] = {
             "version": SNAPSHOT_VERSION,
-            "prompt_ids": list(self.prompt_ids),
-            "generated_ids": list(self.generated_ids),
             "seed": self.seed,
             "rng_state": self.sampler.get_state(),
             "detokenizer": self._detokenizer.state(),
             "released_chars": self._stop_filter.released_chars,
             "held_text": self._stop_filter.held,
-            "text": self.text(),
             "finish_reason": self.finish_reason,
         }
+        if with_prompt:
+            state["prompt_ids"] = list(self.prompt_ids)
+        return self.generated_ids[tokens:], state
 
     def _release(self, text: str) -> str:
         if text:
