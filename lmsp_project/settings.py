@@ -58,6 +58,8 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "rest_framework",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
     "tasks_app",
 ]
 
@@ -148,6 +150,19 @@ REST_FRAMEWORK = {
     "UNAUTHENTICATED_USER": None,
     "UNAUTHENTICATED_TOKEN": None,
     "DEFAULT_THROTTLE_RATES": {"pair": os.environ.get("LMSP_PAIR_RATE", "10/min")},
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+}
+
+# --- OpenAPI schema (drf-spectacular): /lmsp/v1/openapi.json, /lmsp/v1/docs --
+SPECTACULAR_SETTINGS = {
+    "TITLE": "LMSP service",
+    "VERSION": "1.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+    # Swagger UI's files come from the drf-spectacular-sidecar package, so the
+    # docs page works on a machine with no internet access.
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
 }
 
 # --- LMSP -----------------------------------------------------------------
@@ -235,6 +250,10 @@ LMSP_STREAM_FEED_WINDOW = _env_int("LMSP_STREAM_FEED_WINDOW", 2048)
 LMSP_STREAM_DB_THREADS = _env_int("LMSP_STREAM_DB_THREADS", 4)
 # Lifetime of a browser's read-only stream token (?token=).
 LMSP_STREAM_TOKEN_SECONDS = _env_int("LMSP_STREAM_TOKEN_SECONDS", 300)
+
+# --- Metrics (GET /metrics, Prometheus text format) ------------------------
+# Not behind bearer auth; with this set, only loopback clients get them.
+LMSP_METRICS_LOCAL_ONLY = _env_bool("LMSP_METRICS_LOCAL_ONLY", False)
 
 # --- Celery (read by lmsp_project.celery with the CELERY_ namespace) --------
 # docs/workers.md explains every choice; the short form: the database decides

@@ -85,7 +85,7 @@ class _Unset:
 UNSET = _Unset()
 
 # Fields of the task row a caller may set alongside a move.
-_TASK_FIELDS = frozenset({"worker", "heartbeat_at", "attempts"})
+_TASK_FIELDS = frozenset({"worker", "heartbeat_at", "attempts", "output_tokens"})
 _RESPONSE_FIELDS = frozenset({"status", "output", "usage", "incomplete_details"})
 
 
@@ -218,6 +218,9 @@ def _commit(
             changes["last_sequence"] = F("last_sequence") + count
         if to is not None:
             changes["status"] = to
+        if to == S.CANCELLING:
+            # The worker measures its cancel latency from here (metrics, admin).
+            changes["cancel_requested_at"] = now
         if error is not None:
             changes["error"] = dict(error)
         claimed = Task.objects.filter(pk=task_id, status__in=sources)
@@ -453,6 +456,7 @@ def task_recover(
         response_changes = {"output": _committed_output(task_id)}
     if to == S.QUEUED:
         response_changes = {"output": [], "usage": None}
+        task_changes["output_tokens"] = 0
     return _commit(
         task_id=task_id,
         sources=frozenset({found}),

@@ -202,6 +202,10 @@ class Task(models.Model):
     response = models.OneToOneField(Response, on_delete=models.PROTECT, related_name="task")
     last_sequence = models.IntegerField(default=0, help_text="sequence_number of the newest event")
     attempts = models.IntegerField(default=0, help_text="How many times a worker started the task")
+    output_tokens = models.IntegerField(default=0, help_text="Output tokens committed so far (this attempt)")
+    cancel_requested_at = models.DateTimeField(
+        null=True, blank=True, help_text="When a cancel moved the task to cancelling (for cancel latency)"
+    )
     error = JSONTextField(null=True, blank=True)
     worker = models.CharField(max_length=200, blank=True, default="", help_text="Worker holding the task")
     heartbeat_at = models.DateTimeField(null=True, blank=True)
@@ -215,6 +219,7 @@ class Task(models.Model):
             models.CheckConstraint(condition=Q(on_restart__in=RestartPolicy.values), name="task_on_restart_valid"),
             models.CheckConstraint(condition=Q(type__in=TaskType.values), name="task_type_valid"),
             models.CheckConstraint(condition=Q(last_sequence__gte=0), name="task_last_sequence_non_negative"),
+            models.CheckConstraint(condition=Q(output_tokens__gte=0), name="task_output_tokens_non_negative"),
             # A failed task always says why.
             models.CheckConstraint(
                 condition=~Q(status=TaskStatus.FAILED) | Q(error__isnull=False), name="task_failed_has_error"

@@ -186,7 +186,7 @@ def task_execute(*, task_id: str, worker: str) -> str:
             task_id=task_id,
             to=S.LOADING,
             sources=[S.QUEUED],
-            task_changes={"worker": worker, "heartbeat_at": now, "attempts": F("attempts") + 1},
+            task_changes={"worker": worker, "heartbeat_at": now, "attempts": F("attempts") + 1, "output_tokens": 0},
         )
     except TaskNotFound:
         logger.info("dropped message for task %s: no such task", task_id)
@@ -337,7 +337,7 @@ def _commit_batch(run: _Run) -> str | None:
         task_id=run.task_id,
         expected=[S.RUNNING],
         events=run.pending,
-        task_changes={"heartbeat_at": timezone.now()},
+        task_changes={"heartbeat_at": timezone.now(), "output_tokens": run.generation.output_tokens},
         snapshot=run.snapshot(),
         holder=run.worker,
     )
@@ -375,7 +375,7 @@ def _succeed(run: _Run) -> str:
             "usage": _usage(generation),
             "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
         },
-        task_changes={"heartbeat_at": timezone.now()},
+        task_changes={"heartbeat_at": timezone.now(), "output_tokens": generation.output_tokens},
         holder=run.worker,
     )
     if not done.won:
