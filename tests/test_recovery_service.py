@@ -54,7 +54,7 @@ def held(make_client, demo_model, queue, settings):
                 to=S.RUNNING,
                 holder=GHOST,
                 events=[("response.output_item.added", {"output_index": 0, "item": {"id": "msg_1"}})],
-                task_changes={"heartbeat_at": beat},
+                task_changes={"heartbeat_at": beat, "output_tokens": 7},
                 snapshot={"token_ids": [], "state": {"item_id": "msg_1", "backend": {}}},
             )
             assert started.won
@@ -81,6 +81,9 @@ def test_a_task_started_too_often_fails_instead_of_running_again(held, settings)
     summary = leftover_tasks_recover(live=nobody())
 
     assert summary.task_ids["failed"] == [worn] and summary.task_ids["queued"] == [fresh]
+    # A retry starts over: no output counted yet; the failed task keeps its count.
+    assert Task.objects.get(pk=fresh).output_tokens == 0
+    assert Task.objects.get(pk=worn).output_tokens == 7
     error = Task.objects.get(pk=worn).error
     assert error["code"] == "server_restarted"
     assert "started 3 times" in error["detail"]

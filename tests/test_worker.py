@@ -109,6 +109,7 @@ def test_task_runs_to_the_end_and_its_log_matches_its_response(api, running_work
 
     row = Task.objects.get(pk=task["id"])
     assert row.attempts == 1
+    assert row.output_tokens == 40
     assert row.worker.startswith("test@")
     assert row.heartbeat_at is not None
     assert task_snapshot_get(task_id=task["id"]) is None  # a finished task keeps no snapshot
@@ -154,6 +155,9 @@ def test_cancel_while_running_keeps_the_partial_output(api, running_worker):
         TaskEvent.objects.filter(task_id=task["id"], type="response.output_text.delta").exists,
         what="no delta arrived",
     )
+    # Progress shows while it runs (the admin's "output tokens" column).
+    growing = wait_until(lambda: Task.objects.get(pk=task["id"]).output_tokens, what="no output tokens were counted")
+    assert Task.objects.get(pk=task["id"]).cancel_requested_at is None
 
     reply = api.post(f"/lmsp/v1/tasks/{task['id']}/cancel")
 
@@ -172,6 +176,11 @@ def test_cancel_while_running_keeps_the_partial_output(api, running_worker):
     # Stopped long before the context window ran out.
     assert cancelled["usage"]["output_tokens"] < 8000
     assert api.get(f"/lmsp/v1/responses/{task['response_id']}").json()["output"] == cancelled["output"]
+    row = Task.objects.get(pk=task["id"])
+    # The count is of committed tokens: never more than the response's usage.
+    assert growing <= row.output_tokens <= cancelled["usage"]["output_tokens"]
+    assert row.cancel_requested_at is not None
+    assert row.cancel_requested_at <= row.updated_at
 
 
 def test_cancel_while_queued_then_the_message_arrives(api, running_worker, settings):
