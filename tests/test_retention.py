@@ -31,6 +31,7 @@ from tasks_app.services.idempotency import idempotency_claim, request_digest
 from tasks_app.services.retention import CleanupSummary, retention_cleanup
 from tests.conftest import ApiClient
 from tests.support.sse import call, open_stream
+from tests.support.states import PATHS
 
 S = TaskStatus
 FAILURE = ServerRestarted("test failure").to_problem()
@@ -39,17 +40,6 @@ TASK_RETENTION = timedelta(days=30)
 # Old enough to lose its events, young enough to keep the task.
 EVENTS_EXPIRED = EVENT_RETENTION + timedelta(hours=1)
 TASK_EXPIRED = TASK_RETENTION + timedelta(hours=1)
-
-# The way from `queued` to each status, using only allowed moves.
-PATHS: dict[TaskStatus, list[TaskStatus]] = {
-    S.QUEUED: [],
-    S.LOADING: [S.LOADING],
-    S.RUNNING: [S.LOADING, S.RUNNING],
-    S.CANCELLING: [S.LOADING, S.RUNNING, S.CANCELLING],
-    S.SUCCEEDED: [S.LOADING, S.RUNNING, S.SUCCEEDED],
-    S.FAILED: [S.LOADING, S.RUNNING, S.FAILED],
-    S.CANCELLED: [S.CANCELLED],
-}
 
 
 @pytest.fixture(autouse=True)

@@ -27,6 +27,7 @@ from kombu.exceptions import KombuError
 from tasks_app import lifecycle
 from tasks_app.models import Task, TaskStatus
 from tasks_app.notify import key, redis_client
+from tasks_app.querying import status_in
 
 logger = logging.getLogger(__name__)
 
@@ -79,9 +80,14 @@ def queued_tasks_sweep(*, grace_seconds: int | None = None) -> list[str]:
     """
     grace = settings.LMSP_SWEEP_GRACE_SECONDS if grace_seconds is None else grace_seconds
     cutoff = timezone.now() - timedelta(seconds=grace)
-    waiting = Q(status=TaskStatus.QUEUED) | Q(status__in=lifecycle.ORPHANABLE, worker="")
+    # The statuses stand on their own (not only inside the OR) so that SQLite
+    # reads them through the partial index of unfinished tasks.
+    waiting = status_in([TaskStatus.QUEUED, *lifecycle.ORPHANABLE])
+    unheld = Q(status=TaskStatus.QUEUED) | Q(worker="")
     candidates = list(
-        Task.objects.filter(waiting, updated_at__lte=cutoff).order_by("id").values_list("id", flat=True)[:SWEEP_BATCH]
+        Task.objects.filter(waiting, unheld, updated_at__lte=cutoff)
+        .order_by("id")
+        .values_list("id", flat=True)[:SWEEP_BATCH]
     )
     if not candidates:
         return []

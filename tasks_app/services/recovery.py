@@ -43,6 +43,7 @@ from kombu.exceptions import KombuError
 from tasks_app import lifecycle
 from tasks_app.exceptions import ServerRestarted
 from tasks_app.models import ACTIVE_TASK_STATUSES, RestartPolicy, Task, TaskStatus
+from tasks_app.querying import status_in
 from tasks_app.services.dispatch import RUN_TASK, task_dispatch_on_commit
 
 logger = logging.getLogger(__name__)
@@ -134,7 +135,7 @@ def _rows(statuses: tuple[str, ...], batch_size: int, **filters: Any) -> Iterato
     after = ""
     while True:
         chunk = list(
-            Task.objects.filter(status__in=statuses, id__gt=after, **filters)
+            Task.objects.filter(status_in(statuses), id__gt=after, **filters)
             .order_by("id")
             .values(*_FIELDS)[:batch_size]
         )

@@ -43,6 +43,7 @@ from tasks_app.models import (
     TaskEvent,
     TaskSnapshot,
 )
+from tasks_app.querying import status_in
 
 logger = logging.getLogger(__name__)
 
@@ -160,13 +161,17 @@ def _delete_events(*, cutoff: datetime, size: int) -> int:
     from the events table made PostgreSQL scan and sort the whole table for
     every batch.
     """
-    finished = Task.objects.filter(status__in=TERMINAL_TASK_STATUSES, updated_at__lt=cutoff)
+    finished = Task.objects.filter(status_in(TERMINAL_TASK_STATUSES), updated_at__lt=cutoff)
     deleted = 0
     after: tuple[datetime, str] | None = None
     while True:
         chunk = finished
         if after is not None:
-            chunk = chunk.filter(Q(updated_at__gt=after[0]) | Q(updated_at=after[0], pk__gt=after[1]))
+            # The range bound on its own lets the index seek past the chunks
+            # already done; with only the OR every chunk re-read them all.
+            chunk = chunk.filter(updated_at__gte=after[0]).filter(
+                Q(updated_at__gt=after[0]) | Q(updated_at=after[0], pk__gt=after[1])
+            )
         rows = list(chunk.order_by("updated_at", "pk").values_list("updated_at", "pk")[:size])
         if not rows:
             return deleted
@@ -197,7 +202,7 @@ def _delete_tasks(*, cutoff: datetime, size: int) -> tuple[int, int, int, int]:
     tasks = responses = snapshots = events = 0
     while True:
         rows = list(
-            Task.objects.filter(status__in=TERMINAL_TASK_STATUSES, updated_at__lt=cutoff)
+            Task.objects.filter(status_in(TERMINAL_TASK_STATUSES), updated_at__lt=cutoff)
             .order_by("updated_at", "pk")
             .values_list("pk", "response_id")[:size]
         )

@@ -18,6 +18,7 @@ from tasks_app.exceptions import (
 )
 from tasks_app.models import Client, RestartPolicy, Task, TaskStatus
 from tasks_app.objects import task_object
+from tasks_app.querying import status_in
 from tasks_app.selectors import model_get_by_name
 from tasks_app.services.dispatch import task_dispatch_on_commit
 from tasks_app.services.idempotency import IdempotencyClaim, idempotency_claim_if_keyed, idempotency_complete
@@ -54,7 +55,8 @@ def task_accept(*, client: Client, request: Mapping[str, Any], on_restart: Resta
             f"model {model.name!r} has no resumable snapshots; on_restart 'resume' is not available",
             errors=[{"field": "on_restart", "message": "the model's backend has no resumable snapshots"}],
         )
-    if Task.objects.filter(status=TaskStatus.QUEUED).count() >= settings.LMSP_MAX_QUEUED_TASKS:
+    # Runs for every new task: counted over the partial index of unfinished tasks, not all tasks kept.
+    if Task.objects.filter(status_in([TaskStatus.QUEUED])).count() >= settings.LMSP_MAX_QUEUED_TASKS:
         retry_after = str(settings.LMSP_QUEUE_FULL_RETRY_AFTER_SECONDS)
         raise QueueFull("Too many tasks are waiting; try again later", headers={"Retry-After": retry_after})
     stored_request = {**request, "model": model.name}
