@@ -1,9 +1,12 @@
 from django.contrib import admin
 from django.urls import include, path
 
+from tasks_app.api.metrics import metrics_view
+
 urlpatterns = [
     path("lmsp/v1/", include("tasks_app.api.urls")),
     path("admin/", admin.site.urls),
+    path("metrics", metrics_view, name="metrics"),
 ]
 
 handler400 = "tasks_app.api.problems.handler400"

@@ -78,6 +78,12 @@ class InsufficientScope(LmspError):
     status, code, title = 403, "insufficient_scope", "Insufficient scope"
 
 
+class LocalClientsOnly(LmspError):
+    """Raised when a client not on this host asks for what is served only to loopback clients."""
+
+    status, code, title = 403, "local_clients_only", "Local clients only"
+
+
 class NotFound(LmspError):
     """Raised when no route or resource matches the request."""
 

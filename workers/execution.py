@@ -41,6 +41,7 @@ from workers.backends.base import (
     LoadedModel,
     SamplingParams,
 )
+from workers.metrics import RunMetrics
 from workers.model_cache import model_cache
 from workers.signals import cancel_watcher
 
@@ -128,6 +129,7 @@ class _Run:
     worker: str
     item_id: str
     heartbeat: Heartbeat
+    metrics: RunMetrics
     generation: Generation | None = None
     committed_text: list[str] = field(default_factory=list)
     pending: list[EventSpec] = field(default_factory=list)
@@ -199,14 +201,16 @@ def task_execute(*, task_id: str, worker: str) -> str:
         logger.info("dropped message for task %s: it is %s, not queued", task_id, claim.task.status)
         return "dropped"
     logger.info("task %s %s by %s", task_id, "adopted to resume" if resuming else "claimed", worker)
+    metrics = RunMetrics(worker=worker, accepted_at=None if resuming else claim.task.created_at)
     cancelled = cancel_watcher.watch(task_id)
     try:
         with Heartbeat(task_id, worker, settings.LMSP_HEARTBEAT_SECONDS) as heartbeat:
             if resuming:
-                return _resume(task_id, worker, claim.task.status, cancelled, heartbeat)
-            return _run(task_id, worker, cancelled, heartbeat)
+                return _resume(task_id, worker, claim.task.status, cancelled, heartbeat, metrics)
+            return _run(task_id, worker, cancelled, heartbeat, metrics)
     finally:
         cancel_watcher.unwatch(task_id)
+        metrics.run_ended()
 
 
 def _load(run: _Run, model_name: str, sources: Sequence[TaskStatus]) -> LoadedModel | str:
@@ -221,9 +225,9 @@ def _load(run: _Run, model_name: str, sources: Sequence[TaskStatus]) -> LoadedMo
         return _fail(run, ModelLoadFailed(f"Model {model_name!r} could not be loaded").to_problem(), sources)
 
 
-def _run(task_id: str, worker: str, cancelled: threading.Event, heartbeat: Heartbeat) -> str:
+def _run(task_id: str, worker: str, cancelled: threading.Event, heartbeat: Heartbeat, metrics: RunMetrics) -> str:
     response = Response.objects.only("id", "model", "request").get(task__id=task_id)
-    run = _Run(task_id=task_id, worker=worker, item_id=new_message_id(), heartbeat=heartbeat)
+    run = _Run(task_id=task_id, worker=worker, item_id=new_message_id(), heartbeat=heartbeat, metrics=metrics)
     model = _load(run, response.model, [S.LOADING])
     if isinstance(model, str):
         return model
@@ -234,13 +238,17 @@ def _run(task_id: str, worker: str, cancelled: threading.Event, heartbeat: Heart
         return _fail(run, _backend_problem(exc), sources=[S.LOADING, S.RUNNING])
 
 
-def _resume(task_id: str, worker: str, status: str, cancelled: threading.Event, heartbeat: Heartbeat) -> str:
+def _resume(
+    task_id: str, worker: str, status: str, cancelled: threading.Event, heartbeat: Heartbeat, metrics: RunMetrics
+) -> str:
     """Continue a task from its snapshot: the same output item, right after its last committed event."""
     response = Response.objects.only("id", "model", "request").get(task__id=task_id)
     stored = task_snapshot_get(task_id=task_id)
     _, text = task_output_text(task_id=task_id)
     item_id = stored.last_state.get("item_id") if stored is not None else None
-    run = _Run(task_id=task_id, worker=worker, item_id=item_id or new_message_id(), heartbeat=heartbeat)
+    run = _Run(
+        task_id=task_id, worker=worker, item_id=item_id or new_message_id(), heartbeat=heartbeat, metrics=metrics
+    )
     run.committed_text = [text]
     if stored is None or not item_id:
         if status == S.CANCELLING:
@@ -318,11 +326,13 @@ def _stream(run: _Run, cancelled: threading.Event) -> str:
             continue
         if run.pending_tokens == 0:
             run.batch_started = time.monotonic()
+            run.metrics.batch_started(run.batch_started, run.generation.output_tokens)
         run.pending_tokens += 1
         if run.pending_tokens >= max_tokens or time.monotonic() - run.batch_started >= window:
             outcome = _commit_batch(run)
             if outcome is not None:
                 return outcome
+    run.metrics.generation_stopped(run.generation.output_tokens)
 
     if run.generation.finish_reason == FINISH_CANCELLED:
         # The flag is only set by a committed move to cancelling; what the
@@ -342,7 +352,9 @@ def _commit_batch(run: _Run) -> str | None:
         holder=run.worker,
     )
     if not result.won:
+        run.metrics.generation_stopped(run.generation.output_tokens)
         return _after_lost_race(run, result.task.status)
+    run.metrics.batch_committed(events=len(result.events), tokens=run.pending_tokens)
     run.heartbeat.touched()
     run.snapshot_stored()
     run.committed_text.extend(run.pending_text)
@@ -380,6 +392,7 @@ def _succeed(run: _Run) -> str:
     )
     if not done.won:
         return _after_lost_race(run, done.task.status)
+    run.metrics.batch_committed(events=len(done.events), tokens=run.pending_tokens)
     logger.info(
         "task %s %s: %d output tokens (%s)", run.task_id, status, generation.output_tokens, generation.finish_reason
     )
@@ -400,6 +413,7 @@ def _cancelled(run: _Run) -> str:
         holder=run.worker,
     )
     if result.won:
+        run.metrics.cancelled(result.task)
         logger.info("task %s cancelled", run.task_id)
         return "cancelled"
     logger.warning("task %s: expected cancelling and ours, found %s", run.task_id, result.task.status)

@@ -1,0 +1,435 @@
+"""``GET /metrics`` over real servers: what Prometheus would read after real tasks ran on a real worker."""
+
+from __future__ import annotations
+
+import http.client
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from itertools import groupby
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+from django.db import connection
+from django.test import Client as HttpClient
+from prometheus_client.openmetrics.parser import text_string_to_metric_families as openmetrics_families
+from prometheus_client.parser import text_string_to_metric_families
+
+from tasks_app.metrics import (
+    TIME_TO_FIRST_TOKEN,
+    Scrape,
+    active_tasks_grouped,
+    metrics_exposition,
+    metrics_redis,
+    metrics_redis_read,
+    tasks_active_count,
+    worker_key,
+    workers_key,
+)
+from tasks_app.models import ACTIVE_TASK_STATUSES, Task, TaskEvent
+from tests.conftest import REDIS_PREFIX, is_postgres
+from tests.support.db import database_url
+from tests.support.server import REPO, free_port, uvicorn_process
+from tests.support.sse import open_stream
+from tests.support.waiting import wait_until
+from tests.support.worker import private_redis
+from tests.test_worker import create, wait_for_status
+from workers.metrics import FLUSH_INTERVAL_SECONDS, Recorder, node_name
+
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def parse(text: str) -> Samples:
+    """Every sample of a Prometheus text exposition, keyed by name and sorted labels."""
+    out: Samples = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            out[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return out
+
+
+def value(samples: Samples, name: str, **labels: str) -> float:
+    """A sample's value; 0 for a series not (yet) exposed, like a worker that has not reported."""
+    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+def fetch(
+    base: str, path: str = "/metrics", *, method: str = "GET", headers: dict[str, str] | None = None
+) -> tuple[int, dict[str, str], bytes]:
+    parts = urlsplit(base)
+    # The timeout only keeps a hanging server from hanging the test.
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=20)
+    try:
+        conn.request(method, path, headers=headers or {})
+        response = conn.getresponse()
+        return response.status, {k.lower(): v for k, v in response.getheaders()}, response.read()
+    finally:
+        conn.close()
+
+
+def scrape_once(base: str) -> Samples:
+    status, headers, body = fetch(base)
+    assert status == 200, body
+    assert headers["content-type"].startswith("text/plain; version=0.0.4")
+    return parse(body.decode())
+
+
+def redis_read(take: Callable[[], Samples]) -> Samples:
+    """The first scrape that could read Redis (a starved Redis on a busy machine may miss one's timeout)."""
+
+    def probe() -> Samples | None:
+        samples = take()
+        return samples if value(samples, "lmsp_redis_up") == 1 else None
+
+    return wait_until(probe, what="no scrape could read Redis")
+
+
+def scrape(base: str) -> Samples:
+    return redis_read(lambda: scrape_once(base))
+
+
+def settled_scrape(base: str) -> Samples:
+    """A scrape once counters and worker reports stopped moving (a previous test's last report may be in flight)."""
+
+    def moving(samples: Samples) -> Samples:
+        return {key: number for key, number in samples.items() if key[0].endswith(("_total", "_count", "_sum"))}
+
+    previous = [scrape(base)]
+
+    def settled() -> Samples | None:
+        time.sleep(FLUSH_INTERVAL_SECONDS + 0.2)
+        current = scrape(base)
+        same = moving(current) == moving(previous[0])
+        previous[0] = current
+        return current if same else None
+
+    return wait_until(settled, what="the counters never stopped moving")
+
+
+def histogram_delta(before: Samples, after: Samples, name: str, worker: str) -> tuple[float, float]:
+    """How much a worker's histogram grew: (count, sum)."""
+    return (
+        value(after, f"{name}_count", worker=worker) - value(before, f"{name}_count", worker=worker),
+        value(after, f"{name}_sum", worker=worker) - value(before, f"{name}_sum", worker=worker),
+    )
+
+
+def assert_histograms_consistent(samples: Samples) -> None:
+    """Buckets never decrease and +Inf is the count, for every histogram series."""
+    series: dict[tuple[str, tuple], list[tuple[float, float]]] = {}
+    for (name, labels), number in samples.items():
+        if name.endswith("_bucket"):
+            rest = tuple(item for item in labels if item[0] != "le")
+            series.setdefault((name[: -len("_bucket")], rest), []).append((float(dict(labels)["le"]), number))
+    for (name, labels), buckets in series.items():
+        counts = [count for _, count in sorted(buckets)]
+        assert counts == sorted(counts), name
+        assert sorted(buckets)[-1][0] == float("inf")
+        assert counts[-1] == samples[(f"{name}_count", labels)], name
+
+
+def generation_commits(task_id: str, *, cancelled: bool) -> list[int]:
+    """Events per commit of the generation, read from the log: commits share one created_at.
+
+    The first commit wrote ``response.created``, the second opened the run;
+    a cancelled task's last commit is the worker's ``response.cancelled``.
+    """
+    rows = TaskEvent.objects.filter(task_id=task_id).order_by("sequence_number").values_list("created_at", flat=True)
+    sizes = [len(list(group)) for _, group in groupby(rows)]
+    return sizes[2:-1] if cancelled else sizes[2:]
+
+
+def test_finished_counters_and_worker_histograms_after_real_tasks(api, running_worker, web_server):
+    before = settled_scrape(web_server.base)
+
+    done = [create(api, f"Write about rivers {n}", max_output_tokens=40, seed=n) for n in (1, 2)]
+    for task in done:
+        assert wait_for_status(api, task["id"], {"succeeded", "failed", "cancelled"})["status"] == "succeeded"
+    long = create(api, "Go on and on", max_output_tokens=4000, seed=3)
+    wait_until(
+        lambda: TaskEvent.objects.filter(task_id=long["id"], type="response.output_text.delta").count() >= 20,
+        what="the long task never generated",
+    )
+    assert api.post(f"/lmsp/v1/tasks/{long['id']}/cancel").status_code == 200
+    assert wait_for_status(api, long["id"], {"succeeded", "failed", "cancelled"})["status"] == "cancelled"
+
+    worker = node_name(Task.objects.get(pk=done[0]["id"]).worker)
+    commits = [events for task in done for events in generation_commits(task["id"], cancelled=False)]
+    commits += generation_commits(long["id"], cancelled=True)
+    committed_tokens = 40 + 40 + Task.objects.get(pk=long["id"]).output_tokens
+
+    def reported() -> Samples | None:
+        # The worker reports from a thread right after each task. The cancel
+        # latency is its last observation, and one report carries everything
+        # observed before it.
+        after = scrape(web_server.base)
+        latencies, _ = histogram_delta(before, after, "lmsp_cancel_latency_seconds", worker)
+        return after if latencies >= 1 else None
+
+    after = wait_until(reported, what="the worker's metrics never reached /metrics")
+
+    finished = {s: value(after, "lmsp_tasks_finished_total", status=s) for s in ("succeeded", "failed", "cancelled")}
+    assert finished == {
+        "succeeded": value(before, "lmsp_tasks_finished_total", status="succeeded") + 2,
+        "failed": value(before, "lmsp_tasks_finished_total", status="failed"),
+        "cancelled": value(before, "lmsp_tasks_finished_total", status="cancelled") + 1,
+    }
+    ttft_count, ttft_sum = histogram_delta(before, after, "lmsp_time_to_first_token_seconds", worker)
+    claim_count, claim_sum = histogram_delta(before, after, "lmsp_claim_to_first_token_seconds", worker)
+    assert (ttft_count, claim_count) == (3, 3)
+    # A task is accepted before it is claimed.
+    assert ttft_sum >= claim_sum > 0
+    speed_count, speed_sum = histogram_delta(before, after, "lmsp_generation_tokens_per_second", worker)
+    assert speed_count == 3 and speed_sum > 0
+    assert histogram_delta(before, after, "lmsp_event_batch_events", worker) == (len(commits), sum(commits))
+    assert histogram_delta(before, after, "lmsp_event_batch_tokens", worker) == (len(commits), committed_tokens)
+    latency_count, latency_sum = histogram_delta(before, after, "lmsp_cancel_latency_seconds", worker)
+    assert latency_count == 1 and latency_sum >= 0
+    assert_histograms_consistent(after)
+
+    workers = {dict(labels).get("worker") for name, labels in after if name.startswith("lmsp_event_batch")}
+    assert worker in workers and worker.startswith("test@")
+    for status in map(str, ACTIVE_TASK_STATUSES):
+        assert value(after, "lmsp_tasks_active", status=status) == Task.objects.filter(status=status).count()
+    assert value(after, "lmsp_redis_up") == 1 and value(after, "lmsp_database_up") == 1
+
+
+def test_open_streams_counts_the_streams_open_on_that_server(api, transactional_db, web_server):
+    # No worker consumes this test's queue: the task stays queued and its stream stays open.
+    task = api.create_task("wait").json()
+    # A stream another test closed may still be on its way out.
+    wait_until(lambda: value(scrape(web_server.base), "lmsp_open_streams") == 0, what="streams left open")
+
+    with open_stream(web_server.base, f"/lmsp/v1/tasks/{task['id']}/events", token=api.token) as stream:
+        assert [event.event for event in stream.take(1)] == ["response.created"]
+        assert value(scrape(web_server.base), "lmsp_open_streams") == 1
+
+    wait_until(
+        lambda: value(scrape(web_server.base), "lmsp_open_streams") == 0,
+        what="the closed stream is still counted",
+    )
+    api.post(f"/lmsp/v1/tasks/{task['id']}/cancel")
+
+
+def test_queue_depth_counts_queued_tasks_in_the_database_and_messages_in_the_broker(api, queue):
+    http = HttpClient()
+
+    def scraped_once() -> Samples:
+        reply = http.get("/metrics")
+        assert reply.status_code == 200
+        return parse(reply.content.decode())
+
+    def scraped() -> Samples:
+        return redis_read(scraped_once)
+
+    start = scraped()
+    tasks = [api.create_task(f"wait {n}").json() for n in range(3)]
+
+    queued = scraped()
+    assert value(queued, "lmsp_queue_depth") == 3
+    assert value(queued, "lmsp_tasks_active", status="queued") == 3
+    assert value(queued, "lmsp_broker_queue_messages", queue=queue) == 3
+
+    api.post(f"/lmsp/v1/tasks/{tasks[0]['id']}/cancel")
+
+    after_cancel = scraped()
+    assert value(after_cancel, "lmsp_queue_depth") == 2
+    # The message stays in the broker until a worker takes it and drops it.
+    assert value(after_cancel, "lmsp_broker_queue_messages", queue=queue) == 3
+    cancelled = ("lmsp_tasks_finished_total", (("status", "cancelled"),))
+    assert after_cancel[cancelled] == start[cancelled] + 1
+
+
+def test_only_get_and_head_without_credentials(web_server):
+    status, headers, body = fetch(web_server.base, method="POST")
+    assert status == 405
+    assert headers["content-type"] == "application/problem+json"
+    assert headers["allow"] == "GET, HEAD"
+    assert b'"code":"method_not_allowed"' in body
+
+    status, headers, body = fetch(web_server.base, method="HEAD")
+    assert (status, body) == (200, b"")
+    assert headers["content-type"].startswith("text/plain")
+
+    # Prometheus asks for OpenMetrics first; that format is served too.
+    accept = "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5"
+    status, headers, body = fetch(web_server.base, headers={"Accept": accept})
+    assert status == 200
+    assert headers["content-type"].startswith("application/openmetrics-text; version=1.0.0")
+    names = {family.name for family in openmetrics_families(body.decode())}
+    assert {"lmsp_tasks_finished", "lmsp_tasks_active", "lmsp_time_to_first_token_seconds"} <= names
+
+
+def _non_loopback_address() -> str | None:
+    try:
+        out = subprocess.run(["hostname", "-I"], capture_output=True, text=True, timeout=5).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    for address in out.split():
+        if "." in address and not address.startswith("127."):
+            return address
+    return None
+
+
+@contextmanager
+def uvicorn_on_all_interfaces(env: dict[str, str]) -> Iterator[int]:
+    """The ASGI app on 0.0.0.0, so that the host's own non-loopback address reaches it."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "uvicorn", "lmsp_project.asgi:application"),
+            *("--host", "0.0.0.0", "--port", str(port), "--no-access-log", "--log-level", "warning"),
+        ],
+        cwd=REPO,
+        env={**os.environ, **env},
+    )
+    try:
+
+        def answers() -> bool:
+            if proc.poll() is not None:
+                raise RuntimeError("uvicorn exited")
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=1):
+                    return True
+            except OSError:
+                return False
+
+        wait_until(answers, what="uvicorn did not start", timeout=30)
+        yield port
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def test_local_only_serves_loopback_and_refuses_the_hosts_other_address(transactional_db):
+    address = _non_loopback_address()
+    if address is None:
+        pytest.skip("this host has no non-loopback IPv4 address")
+    env = {"DATABASE_URL": database_url(), "LMSP_REDIS_PREFIX": REDIS_PREFIX, "LMSP_METRICS_LOCAL_ONLY": "true"}
+    with uvicorn_on_all_interfaces(env) as port:
+        status, headers, body = fetch(f"http://{address}:{port}")
+        assert status == 403
+        assert headers["content-type"] == "application/problem+json"
+        assert b'"code":"local_clients_only"' in body
+
+        assert "lmsp_tasks_active" in {name for name, _ in scrape(f"http://127.0.0.1:{port}")}
+
+
+@pytest.mark.parametrize(
+    ("remote_addr", "served"),
+    [
+        *[("127.0.0.1", True), ("127.8.9.10", True), ("::1", True), ("::ffff:127.0.0.1", True)],
+        *[("10.1.2.3", False), ("::ffff:10.1.2.3", False), ("2001:db8::1", False), ("", False), ("nonsense", False)],
+    ],
+)
+def test_local_only_decides_by_the_client_address(db, settings, remote_addr, served):
+    settings.LMSP_METRICS_LOCAL_ONLY = True
+    reply = HttpClient(REMOTE_ADDR=remote_addr).get("/metrics")
+    assert reply.status_code == (200 if served else 403)
+    settings.LMSP_METRICS_LOCAL_ONLY = False
+    assert HttpClient(REMOTE_ADDR=remote_addr).get("/metrics").status_code == 200
+
+
+def test_a_scrape_answers_while_redis_is_down_or_frozen(transactional_db, tmp_path: Path):
+    with private_redis(tmp_path) as redis_server:
+        env = {"REDIS_URL": redis_server.url, "LMSP_REDIS_PREFIX": REDIS_PREFIX}
+        with uvicorn_process(database_url(), env) as server:
+            scrape(server.base)  # Redis is read
+
+            assert redis_server.proc is not None
+            os.kill(redis_server.proc.pid, signal.SIGSTOP)
+            try:
+                # It accepts connections but never answers: the scrape's timeouts end the wait.
+                frozen = scrape_once(server.base)
+            finally:
+                os.kill(redis_server.proc.pid, signal.SIGCONT)
+            redis_server.stop()
+            down = scrape_once(server.base)
+
+            for samples in (frozen, down):
+                assert value(samples, "lmsp_redis_up") == 0
+                assert value(samples, "lmsp_database_up") == 1
+                assert ("lmsp_tasks_active", (("status", "queued"),)) in samples
+                # A counter it cannot read is left out, never reported as a reset to 0.
+                assert not any(name.startswith(("lmsp_tasks_finished", "lmsp_broker")) for name, _ in samples)
+
+            redis_server.start()
+            # Back: the next scrapes read it again (scrape waits for lmsp_redis_up 1).
+            assert ("lmsp_tasks_finished_total", (("status", "succeeded"),)) in scrape(server.base)
+
+
+def test_the_database_part_is_one_query_answered_from_the_active_index(api, django_assert_num_queries):
+    for n in range(3):
+        api.create_task(f"x {n}")
+    cancelled = api.create_task("gone").json()
+    api.post(f"/lmsp/v1/tasks/{cancelled['id']}/cancel")
+
+    with django_assert_num_queries(1):
+        counts = tasks_active_count()
+
+    assert counts == {"queued": 3, "loading": 0, "running": 0, "cancelling": 0}
+    # The statement as executed, parameters bound as the driver binds them:
+    # SQLite ignores a partial index whose condition hides behind a parameter.
+    sql, params = active_tasks_grouped().query.sql_with_params()
+    with connection.cursor() as cursor:
+        if is_postgres():
+            # On a table this small a sequential scan is cheaper; this asks whether the index can answer.
+            cursor.execute("SET LOCAL enable_seqscan = off")
+            cursor.execute("EXPLAIN " + sql, params)
+        else:
+            cursor.execute("EXPLAIN QUERY PLAN " + sql, params)
+        plan = " ".join(str(row) for row in cursor.fetchall())
+    assert "task_active" in plan, plan
+
+
+def test_worker_observations_are_summed_per_node_and_gone_nodes_drop_out(settings):
+    recorder = Recorder()
+    node = f"metrics-test-{os.getpid()}@host"
+    for seconds in (0.03, 0.3, 0.3, 700):
+        recorder.observe(TIME_TO_FIRST_TOKEN, node, seconds)
+    assert recorder.flush()
+    recorder.observe(TIME_TO_FIRST_TOKEN, node, 0.3)
+    assert recorder.flush()
+    gone = f"metrics-gone-{os.getpid()}@host"
+    client = metrics_redis()
+    client.hset(worker_key(gone), "lmsp_time_to_first_token_seconds:count", 1)
+    client.zadd(workers_key(), {gone: time.time() - settings.LMSP_METRICS_WORKER_TTL_SECONDS - 60})
+
+    readout = metrics_redis_read()
+
+    assert gone not in readout.workers
+    assert 0 < client.ttl(worker_key(node)) <= settings.LMSP_METRICS_WORKER_TTL_SECONDS
+    body, _ = metrics_exposition(Scrape(active=None, redis=readout, open_streams=0), accept="")
+    samples = parse(body.decode())
+    name = "lmsp_time_to_first_token_seconds"
+    assert value(samples, f"{name}_bucket", worker=node, le="0.025") == 0
+    assert value(samples, f"{name}_bucket", worker=node, le="0.05") == 1
+    assert value(samples, f"{name}_bucket", worker=node, le="0.5") == 4
+    assert value(samples, f"{name}_bucket", worker=node, le="600.0") == 4
+    assert value(samples, f"{name}_bucket", worker=node, le="+Inf") == 5
+    assert value(samples, f"{name}_count", worker=node) == 5
+    assert value(samples, f"{name}_sum", worker=node) == pytest.approx(700.93)
+    assert_histograms_consistent(samples)
+    client.delete(worker_key(node), worker_key(gone))
+    client.zrem(workers_key(), node, gone)
+
+
+def test_a_worker_that_cannot_reach_redis_drops_its_observations_with_one_warning(settings, caplog):
+    settings.REDIS_URL = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
+    recorder = Recorder()
+
+    for _ in range(3):
+        recorder.observe(TIME_TO_FIRST_TOKEN, "offline@host", 0.1)
+        assert recorder.flush() is False
+
+    warnings = [r for r in caplog.records if "worker metrics not reported" in r.getMessage()]
+    assert len(warnings) == 1
+    assert "1 observations dropped" in warnings[0].getMessage()
+    # Nothing piles up in memory meanwhile.
+    assert recorder.flush() is True
