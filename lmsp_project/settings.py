@@ -157,12 +157,26 @@ REST_FRAMEWORK = {
 SPECTACULAR_SETTINGS = {
     "TITLE": "LMSP service",
     "VERSION": "1.0",
+    # 3.1: a nullable object is "oneOf: [ref, null]"; 3.0's "nullable" beside "allOf"
+    # is ambiguous, and JSON Schema validators reject null there.
+    "OAS_VERSION": "3.1.0",
+    # Adds the async stream views (not DRF views) and keeps only /lmsp/v1.
+    "DEFAULT_GENERATOR_CLASS": "tasks_app.api.schema.LmspSchemaGenerator",
+    # Security per operation, and every problem each operation answers (tasks_app/api/schema.py).
+    # Without spectacular's enum hook enums stay inline: several unrelated fields are named "status".
+    "POSTPROCESSING_HOOKS": ["tasks_app.api.schema.lmsp_postprocess"],
+    "ENUM_GENERATE_CHOICE_DESCRIPTION": False,
+    "SCHEMA_PATH_PREFIX": "/lmsp/v1",
+    # The schema and its docs page are public: no authentication is even attempted.
     "SERVE_INCLUDE_SCHEMA": False,
+    "SERVE_AUTHENTICATION": [],
+    "SERVE_PERMISSIONS": ["rest_framework.permissions.AllowAny"],
     # Swagger UI's files come from the drf-spectacular-sidecar package, so the
     # docs page works on a machine with no internet access.
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    "SWAGGER_UI_SETTINGS": {"deepLinking": True, "displayOperationId": True, "defaultModelsExpandDepth": 0},
 }
 
 # --- LMSP -----------------------------------------------------------------
@@ -254,6 +268,9 @@ LMSP_STREAM_TOKEN_SECONDS = _env_int("LMSP_STREAM_TOKEN_SECONDS", 300)
 # --- Metrics (GET /metrics, Prometheus text format) ------------------------
 # Not behind bearer auth; with this set, only loopback clients get them.
 LMSP_METRICS_LOCAL_ONLY = _env_bool("LMSP_METRICS_LOCAL_ONLY", False)
+# Workers report their histograms to Redis; a node that has not reported for
+# this long (gone, or renamed) drops out of /metrics and its keys expire.
+LMSP_METRICS_WORKER_TTL_SECONDS = _env_int("LMSP_METRICS_WORKER_TTL_SECONDS", 24 * 3600)
 
 # --- Celery (read by lmsp_project.celery with the CELERY_ namespace) --------
 # docs/workers.md explains every choice; the short form: the database decides

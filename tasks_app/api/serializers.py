@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlencode
 
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from tasks_app.ids import TASK_PREFIX, is_prefixed_ulid
@@ -24,6 +25,26 @@ MAX_METADATA_VALUE = 512
 MAX_SEED = 2**64 - 1
 ROLES = ("user", "system", "developer", "assistant")
 TEXT_PART_TYPES = ("input_text", "output_text")
+
+# OpenAPI shapes of the fields below that take more than one JSON type.
+_TEXT_PART_SCHEMA = {
+    "type": "object",
+    "required": ["type", "text"],
+    "properties": {"type": {"type": "string", "enum": list(TEXT_PART_TYPES)}, "text": {"type": "string"}},
+}
+_CONTENT_SCHEMA = {
+    "oneOf": [{"type": "string"}, {"type": "array", "minItems": 1, "items": _TEXT_PART_SCHEMA}],
+    "description": "A string, or a non-empty list of text parts.",
+}
+_MESSAGE_ITEM_SCHEMA = {
+    "type": "object",
+    "required": ["role", "content"],
+    "properties": {
+        "type": {"type": "string", "enum": ["message"], "default": "message"},
+        "role": {"type": "string", "enum": list(ROLES)},
+        "content": _CONTENT_SCHEMA,
+    },
+}
 
 
 class StrictSerializer(serializers.Serializer):
@@ -89,6 +110,7 @@ class TextPartSerializer(StrictSerializer):
     text = StrictCharField(allow_blank=True, trim_whitespace=False)
 
 
+@extend_schema_field(_CONTENT_SCHEMA)
 class MessageContentField(serializers.Field):
     """``content``: a string, or a non-empty list of text parts."""
 
@@ -120,6 +142,12 @@ class MessageItemSerializer(StrictSerializer):
     content = MessageContentField()
 
 
+@extend_schema_field(
+    {
+        "oneOf": [{"type": "string"}, {"type": "array", "minItems": 1, "items": _MESSAGE_ITEM_SCHEMA}],
+        "description": "A string, or a non-empty list of message items.",
+    }
+)
 class ResponseInputField(serializers.Field):
     """``input``: a string, or a non-empty list of message items."""
 
@@ -145,6 +173,19 @@ class ResponseInputField(serializers.Field):
         return value
 
 
+@extend_schema_field(
+    {
+        "oneOf": [
+            {"type": "string", "minLength": 1},
+            {
+                "type": "array",
+                "minItems": 1,
+                "maxItems": MAX_STOP_SEQUENCES,
+                "items": {"type": "string", "minLength": 1},
+            },
+        ]
+    }
+)
 class StopField(serializers.Field):
     def to_internal_value(self, data: Any) -> list[str]:
         values = [data] if isinstance(data, str) else data
@@ -162,6 +203,14 @@ class StopField(serializers.Field):
         return value
 
 
+@extend_schema_field(
+    {
+        "type": "object",
+        "maxProperties": MAX_METADATA_PAIRS,
+        "additionalProperties": {"type": "string", "maxLength": MAX_METADATA_VALUE},
+        "description": f"At most {MAX_METADATA_PAIRS} pairs; keys of at most {MAX_METADATA_KEY} characters.",
+    }
+)
 class MetadataField(serializers.Field):
     def to_internal_value(self, data: Any) -> dict[str, str]:
         if not isinstance(data, dict) or len(data) > MAX_METADATA_PAIRS:

@@ -1,4 +1,6 @@
 from django.urls import path
+from drf_spectacular.renderers import OpenApiJsonRenderer2
+from drf_spectacular.views import SpectacularJSONAPIView, SpectacularSwaggerView
 
 from tasks_app.api import streams, views
 
@@ -13,4 +15,7 @@ urlpatterns = [
     path("capabilities", views.CapabilitiesView.as_view(), name="capabilities"),
     path("models", views.ModelListView.as_view(), name="models"),
     path("pair", views.PairView.as_view(), name="pair"),
+    # The schema (as plain application/json) and Swagger UI over it; both public.
+    path("openapi.json", SpectacularJSONAPIView.as_view(renderer_classes=[OpenApiJsonRenderer2]), name="openapi"),
+    path("docs", SpectacularSwaggerView.as_view(url_name="openapi"), name="openapi-docs"),
 ]

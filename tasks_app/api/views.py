@@ -2,12 +2,27 @@
 
 from __future__ import annotations
 
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.throttling import AnonRateThrottle
 from rest_framework.views import APIView
 
+from tasks_app import exceptions as exc
 from tasks_app import selectors
+from tasks_app.api.schema import (
+    IDEMPOTENCY_KEY,
+    LOCATION,
+    TASK_ID,
+    CapabilitiesSchema,
+    ModelListSchema,
+    PairedClientSchema,
+    StreamTokenSchema,
+    TaskListSchema,
+    TaskSchema,
+    idempotent_replayed,
+    operation,
+)
 from tasks_app.api.serializers import (
     ClientOutputSerializer,
     ListQuerySerializer,
@@ -21,6 +36,7 @@ from tasks_app.api.serializers import (
     TaskOutputSerializer,
     list_body,
 )
+from tasks_app.models import TaskStatus
 from tasks_app.services.capabilities import capabilities_describe
 from tasks_app.services.clients import pairing_code_redeem
 from tasks_app.services.idempotency import idempotency_key_validate, request_digest
@@ -58,6 +74,24 @@ def _validated(serializer_class, data):
 class TaskCollectionView(ScopedAPIView):
     scopes_by_method = {"GET": READ, "POST": WRITE}
 
+    @operation(
+        operation_id="tasks_create",
+        summary="Create a task",
+        description="The task, its response and its `response.created` event (and the idempotency key) are "
+        "committed in one transaction before the `202`. `on_restart: retry` requires an `Idempotency-Key`; "
+        "`resume` is accepted only for a model with resumable snapshots. Unknown fields are refused by name.",
+        parameters=[IDEMPOTENCY_KEY, LOCATION, idempotent_replayed(202)],
+        request=TaskCreateInputSerializer,
+        responses={202: OpenApiResponse(TaskSchema, description="Accepted and durable; also a key's replay.")},
+        problems=[
+            exc.InvalidRequest,
+            exc.UnsupportedCapability,
+            exc.ModelNotFound,
+            exc.IdempotencyKeyInUse,
+            exc.IdempotencyKeyReused,
+            exc.QueueFull,
+        ],
+    )
     def post(self, request: Request) -> Response:
         key = idempotency_key_validate(request.headers.get("Idempotency-Key"))
         data = _validated(TaskCreateInputSerializer, request.data)
@@ -73,6 +107,23 @@ class TaskCollectionView(ScopedAPIView):
             headers["Idempotent-Replayed"] = "true"
         return Response(reply.body, status=reply.status, headers=headers)
 
+    @operation(
+        operation_id="tasks_list",
+        summary="List tasks, newest first",
+        description="The client's own tasks (`admin`: every client's). Unknown query parameters are refused.",
+        parameters=[
+            TaskListQuerySerializer,
+            OpenApiParameter(
+                "status",
+                str,
+                description=f"Only tasks in these states, comma-separated: {', '.join(TaskStatus.values)}.",
+            ),
+            OpenApiParameter("after", str, description="A task id: the page after it (the last page's `last_id`)."),
+        ],
+        request=None,
+        responses={200: TaskListSchema},
+        problems=[exc.InvalidRequest],
+    )
     def get(self, request: Request) -> Response:
         query = _validated(TaskListQuerySerializer, request.query_params.dict())
         page = selectors.task_list_visible(
@@ -85,6 +136,14 @@ class TaskCollectionView(ScopedAPIView):
 class TaskDetailView(ScopedAPIView):
     scopes_by_method = {"GET": READ}
 
+    @operation(
+        operation_id="tasks_retrieve",
+        summary="Read a task",
+        parameters=[TASK_ID],
+        request=None,
+        responses={200: TaskSchema},
+        problems=[exc.TaskNotFound],
+    )
     def get(self, request: Request, task_id: str) -> Response:
         task = selectors.task_get_visible(client=request.user, task_id=task_id)
         return Response(TaskOutputSerializer(task).data)
@@ -95,6 +154,16 @@ class TaskStreamTokenView(ScopedAPIView):
 
     scopes_by_method = {"POST": READ}
 
+    @operation(
+        operation_id="tasks_stream_token_create",
+        summary="Mint a stream token for a task's events",
+        description="A read-only token for this task's event stream, for `EventSource`, which cannot send "
+        "an `Authorization` header. It expires after a few minutes and dies with the client's `read` scope.",
+        parameters=[TASK_ID],
+        request=None,
+        responses={201: StreamTokenSchema},
+        problems=[exc.TaskNotFound],
+    )
     def post(self, request: Request, task_id: str) -> Response:
         task = selectors.task_get_visible(client=request.user, task_id=task_id)
         minted = stream_token_mint(client=request.user, task=task)
@@ -104,6 +173,17 @@ class TaskStreamTokenView(ScopedAPIView):
 class TaskCancelView(ScopedAPIView):
     scopes_by_method = {"POST": WRITE}
 
+    @operation(
+        operation_id="tasks_cancel",
+        summary="Cancel a task",
+        description="`queued` becomes `cancelled` at once; `loading` or `running` becomes `cancelling` until "
+        "the backend stopped, then `cancelled`. Cancelling a `cancelling` or `cancelled` task answers it "
+        "unchanged; a `succeeded` or `failed` one is `409`.",
+        parameters=[TASK_ID],
+        request=None,
+        responses={200: TaskSchema},
+        problems=[exc.TaskNotFound, exc.TaskNotCancelable],
+    )
     def post(self, request: Request, task_id: str) -> Response:
         task = selectors.task_get_visible(client=request.user, task_id=task_id)
         task = task_cancel(task=task)
@@ -150,6 +230,12 @@ class CapabilitiesView(ScopedAPIView):
     scopes_by_method = {"GET": None}
     authentication_classes: list = []
 
+    @operation(
+        operation_id="capabilities_retrieve",
+        summary="What this service can do",
+        request=None,
+        responses={200: CapabilitiesSchema},
+    )
     def get(self, request: Request) -> Response:
         return Response(capabilities_describe())
 
@@ -157,6 +243,18 @@ class CapabilitiesView(ScopedAPIView):
 class ModelListView(ScopedAPIView):
     scopes_by_method = {"GET": READ}
 
+    @operation(
+        operation_id="models_list",
+        summary="List the registered models",
+        description="Unknown query parameters are refused.",
+        parameters=[
+            ListQuerySerializer,
+            OpenApiParameter("after", str, description="A model id: the page after it (the last page's `last_id`)."),
+        ],
+        request=None,
+        responses={200: ModelListSchema},
+        problems=[exc.InvalidRequest],
+    )
     def get(self, request: Request) -> Response:
         query = _validated(ListQuerySerializer, request.query_params.dict())
         page = selectors.model_list(after=query.get("after"), limit=query["limit"])
@@ -172,6 +270,15 @@ class PairView(ScopedAPIView):
     authentication_classes: list = []
     throttle_classes = [PairThrottle]
 
+    @operation(
+        operation_id="pair_create",
+        summary="Redeem a pairing code for a token",
+        description="Trades a one-time code from `lmsp_pair` for a new client's token, shown this once. "
+        "A used, expired or unknown code, or a taken name, is `400`. Rate-limited per address.",
+        request=PairInputSerializer,
+        responses={201: PairedClientSchema},
+        problems=[exc.InvalidRequest, exc.RateLimited],
+    )
     def post(self, request: Request) -> Response:
         data = _validated(PairInputSerializer, request.data)
         client, token = pairing_code_redeem(code=data["code"], client_name=data["client_name"])

@@ -1,0 +1,446 @@
+"""The OpenAPI schema at /lmsp/v1/openapi.json: public, valid, complete, and true to what the endpoints answer."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from django.contrib.staticfiles import finders
+from django.core.cache import cache
+from django.test import Client as HttpClient
+from django.test import override_settings
+from django.urls import URLPattern, URLResolver, get_resolver
+from openapi_schema_validator import OAS31Validator
+from openapi_spec_validator import validate
+from referencing import Registry, Resource
+from referencing.jsonschema import DRAFT202012
+
+from tasks_app.models import IdempotencyKey, ModelRecord, Task
+from tasks_app.services.clients import pairing_code_create
+from tasks_app.services.retention import retention_cleanup
+from tests.support.sse import open_stream
+from tests.support.waiting import wait_until
+from tests.test_worker import wait_for_status
+
+API = "/lmsp/v1/"
+SCHEMA_PATH = "/lmsp/v1/openapi.json"
+DOCS_PATH = "/lmsp/v1/docs"
+# Routes of tasks_app/api/urls.py that serve the schema itself; the schema documents the API.
+SCHEMA_ROUTES = {"openapi", "openapi-docs"}
+PROBLEM = "application/problem+json"
+EVENT_STREAM = "text/event-stream"
+UNKNOWN_TASK = "task_01ARZ3NDEKTSV4RRFFQ69G5FAV"
+UNKNOWN_RESPONSE = "resp_01ARZ3NDEKTSV4RRFFQ69G5FAV"
+UNKNOWN_TOKEN = "lmsp_" + "B" * 43
+TERMINAL = {"succeeded", "failed", "cancelled"}
+# Response headers whose presence the schema must announce when an answer carries them.
+API_HEADERS = ("Location", "Retry-After", "WWW-Authenticate", "Idempotent-Replayed", "Allow")
+# A short generation, so the single test worker is never blocked for long.
+SHORT = {"max_output_tokens": 2}
+
+
+@pytest.fixture(autouse=True)
+def _fresh_throttle() -> Iterator[None]:
+    # POST /pair is rate-limited per address in the (process-wide) cache.
+    cache.clear()
+    yield
+    cache.clear()
+
+
+@pytest.fixture(scope="module")
+def spec() -> dict[str, Any]:
+    return json.loads(HttpClient().get(SCHEMA_PATH).content)
+
+
+# --- served, public, valid -----------------------------------------------------------------------------
+
+
+def test_the_schema_is_served_without_a_token_and_is_valid_openapi():
+    # No database either: this test has no db marker, so a query would fail it.
+    http = HttpClient()
+    for headers in ({}, {"Authorization": f"Bearer {UNKNOWN_TOKEN}"}, {"Authorization": "Basic abc"}):
+        reply = http.get(SCHEMA_PATH, headers=headers)
+        assert reply.status_code == 200, (headers, reply.content[:300])
+        assert reply["Content-Type"] == "application/json"
+    document = reply.json()
+
+    validate(document)
+
+    assert document["openapi"].startswith("3.1")
+    assert document["paths"] and all(path.startswith(API) for path in document["paths"])
+
+
+def test_the_docs_page_is_swagger_ui_on_local_static_files():
+    reply = HttpClient().get(DOCS_PATH)
+
+    assert reply.status_code == 200
+    assert reply["Content-Type"].startswith("text/html")
+    page = reply.content.decode()
+    assets = re.findall(r'(?:src|href)="([^"]+)"', page)
+    names = {asset.rsplit("/", 1)[-1] for asset in assets}
+    assert {"swagger-ui-bundle.js", "swagger-ui-standalone-preset.js", "swagger-ui.css"} <= names
+    for asset in assets:
+        assert asset.startswith("/static/drf_spectacular_sidecar/swagger-ui-dist/"), asset
+        assert finders.find(asset.removeprefix("/static/")) is not None, f"{asset} is not a static file"
+    # Nothing comes from a CDN, so the page works offline.
+    assert "http://" not in page and "https://" not in page
+    assert f'url: "{SCHEMA_PATH}"' in page
+
+
+def test_the_live_server_serves_the_docs_page_and_its_assets(transactional_db, web_server):
+    import urllib.request
+
+    page = urllib.request.urlopen(web_server.base + DOCS_PATH).read().decode()
+    assets = re.findall(r'(?:src|href)="([^"]+)"', page)
+    assert assets
+    for asset in assets:
+        with urllib.request.urlopen(web_server.base + asset) as reply:
+            assert reply.status == 200, asset
+            assert reply.read(), asset
+
+
+# --- the schema documents exactly the routes -----------------------------------------------------------
+
+
+def api_routes() -> Iterator[tuple[str, str | None]]:
+    """(path template, route name) of every pattern mounted under /lmsp/v1/."""
+
+    def walk(patterns: list, prefix: str) -> Iterator[tuple[str, str | None]]:
+        for pattern in patterns:
+            route = prefix + str(pattern.pattern)
+            if isinstance(pattern, URLResolver):
+                yield from walk(pattern.url_patterns, route)
+            elif isinstance(pattern, URLPattern) and ("/" + route).startswith(API):
+                yield "/" + re.sub(r"<(?:\w+:)?(\w+)>", r"{\1}", route), pattern.name
+
+    return walk(get_resolver().url_patterns, "")
+
+
+def fill(path: str, task_id: str = UNKNOWN_TASK, response_id: str = UNKNOWN_RESPONSE) -> str:
+    return path.format(task_id=task_id, response_id=response_id)
+
+
+def test_the_schema_has_every_route_and_method_the_api_serves_and_no_other(db, spec):
+    http = HttpClient()
+    served: dict[str, set[str]] = {}
+    for path, name in api_routes():
+        if name in SCHEMA_ROUTES:
+            continue
+        # A method a route does not serve answers 405 before authentication; any other answer means
+        # it is served. HEAD is left out: it is GET without the body, which OpenAPI does not list.
+        served[path] = {
+            method
+            for method in ("get", "post", "put", "patch", "delete", "options", "trace")
+            if http.generic(method.upper(), fill(path)).status_code != 405
+        }
+
+    documented = {path: set(operations) for path, operations in spec["paths"].items()}
+    assert documented == served
+
+
+# --- every answer is documented, every documented answer happens ------------------------------------
+
+# (method, path, status, code) documented but not produced here, and why.
+CANNOT_PRODUCE = {
+    # POST /tasks claims and completes its key in one transaction, so a second request never sees it
+    # in progress; the code is reachable only if the key's holder rolls back twice between our insert
+    # and our read (a race, not something a test can set up without a fault).
+    ("post", "/lmsp/v1/tasks", 409, "idempotency_key_in_use"),
+}
+# Every operation's 500 needs an injected fault (a bug, a lost database).
+CANNOT_PRODUCE_ANYWHERE = {(500, "internal_error")}
+
+
+@dataclass
+class Answer:
+    status: int
+    headers: dict[str, str]
+    body: bytes = b""
+    events: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def media_type(self) -> str | None:
+        if self.status == 204:  # no content, whatever Content-Type a framework leaves on it
+            return None
+        raw = self.headers.get("content-type", "").split(";")[0].strip()
+        return raw or None
+
+    @property
+    def code(self) -> str | None:
+        return json.loads(self.body).get("code") if self.media_type == PROBLEM else None
+
+
+def pointer(*parts: str) -> str:
+    return "/".join(part.replace("~", "~0").replace("/", "~1") for part in parts)
+
+
+class Ledger:
+    """What the endpoints answered, checked against the schema as it comes."""
+
+    URN = "urn:lmsp-openapi"
+
+    def __init__(self, spec: dict[str, Any]) -> None:
+        self.spec = spec
+        strict = copy.deepcopy(spec)
+        # A field the objects carry but the schema does not name is drift too.
+        for component in strict["components"]["schemas"].values():
+            if component.get("type") == "object" and "properties" in component:
+                component.setdefault("additionalProperties", False)
+        resource = Resource.from_contents(strict, default_specification=DRAFT202012)
+        self.registry = Registry().with_resource(self.URN, resource)
+        self.seen: set[tuple[str, str, int, str | None]] = set()
+        self.faults: list[str] = []
+
+    def saw(self, method: str, path: str, answer: Answer) -> Answer:
+        """Record ``answer`` to ``method path`` (``*``: a method the path does not serve)."""
+        methods = list(self.spec["paths"][path]) if method == "*" else [method.lower()]
+        outcome = answer.code if answer.media_type == PROBLEM else answer.media_type
+        for name in methods:
+            self.seen.add((name, path, answer.status, outcome))
+            self._check(name, path, answer)
+        return answer
+
+    def _invalid(self, schema_pointer: str, instance: Any) -> list[str]:
+        validator = OAS31Validator({"$ref": f"{self.URN}#/{schema_pointer}"}, registry=self.registry)
+        return [f"{list(error.absolute_path)}: {error.message}" for error in validator.iter_errors(instance)]
+
+    def _check(self, method: str, path: str, answer: Answer) -> None:
+        where = f"{method.upper()} {path} -> {answer.status} {answer.code or answer.media_type}"
+        response = self.spec["paths"][path][method]["responses"].get(str(answer.status))
+        if response is None:
+            self.faults.append(f"{where}: status not documented")
+            return
+        documented_headers = response.get("headers", {})
+        for name in API_HEADERS:
+            if name.lower() in answer.headers and name not in documented_headers:
+                if not (name == "Allow" and answer.status != 405):  # DRF adds Allow to every answer
+                    self.faults.append(f"{where}: header {name} not documented")
+        for name, header in documented_headers.items():
+            if header.get("required") and name.lower() not in answer.headers:
+                self.faults.append(f"{where}: required header {name} missing")
+        content = response.get("content", {})
+        if answer.media_type is None:
+            if content or answer.body:
+                self.faults.append(f"{where}: answered no body, documented {sorted(content)}")
+            return
+        if answer.media_type not in content:
+            self.faults.append(f"{where}: media type not documented ({sorted(content)})")
+            return
+        schema_at = pointer("paths", path, method, "responses", str(answer.status), "content", answer.media_type)
+        if answer.media_type == EVENT_STREAM:
+            if not answer.events:
+                self.faults.append(f"{where}: a stream without events")
+            for event in answer.events:
+                for error in self._invalid("components/schemas/StreamEvent", event):
+                    self.faults.append(f"{where}: event {event.get('type')}: {error}")
+            return
+        for error in self._invalid(schema_at + "/schema", json.loads(answer.body)):
+            self.faults.append(f"{where}: {error}")
+
+    def documented(self) -> set[tuple[str, str, int, str | None]]:
+        out = set()
+        for path, operations in self.spec["paths"].items():
+            for method, operation in operations.items():
+                for status, response in operation["responses"].items():
+                    content = response.get("content")
+                    if not content:
+                        out.add((method, path, int(status), None))
+                    for media_type, body in (content or {}).items():
+                        if media_type == PROBLEM:
+                            codes = body["schema"]["allOf"][1]["properties"]["code"]["enum"]
+                            out.update((method, path, int(status), code) for code in codes)
+                        else:
+                            out.add((method, path, int(status), media_type))
+        return out
+
+
+class Caller:
+    """Requests through Django's test client (in this process) and through the live server."""
+
+    def __init__(self, ledger: Ledger, base: str) -> None:
+        self.ledger = ledger
+        self.base = base
+        self.http = HttpClient()
+
+    def here(
+        self,
+        method: str,
+        path: str,
+        *,
+        url: str | None = None,
+        token: str | None = None,
+        body: Any = None,
+        raw: str | bytes | None = None,
+        content_type: str = "application/json",
+        headers: dict[str, str] | None = None,
+    ) -> Answer:
+        sent = dict(headers or {})
+        if token:
+            sent["Authorization"] = f"Bearer {token}"
+        data = raw if raw is not None else ("" if body is None else json.dumps(body))
+        reply = self.http.generic(
+            "DELETE" if method == "*" else method, url or fill(path), data, content_type=content_type, headers=sent
+        )
+        # An event stream is read from the live server; through the test client it would never end.
+        assert not reply.streaming, f"{method} {url or path} streamed through the test client"
+        answer = Answer(reply.status_code, {name.lower(): value for name, value in reply.items()}, reply.content)
+        return self.ledger.saw(method, path, answer)
+
+    def live(
+        self,
+        method: str,
+        path: str,
+        *,
+        url: str,
+        token: str | None = None,
+        body: Any = None,
+        headers: dict[str, str] | None = None,
+    ) -> Answer:
+        with open_stream(self.base, url, token=token, method=method, body=body, headers=headers) as stream:
+            events = [event.payload for event in stream.all()] if not stream.ended else []
+            answer = Answer(stream.status, stream.headers, stream.body, events)
+        return self.ledger.saw(method, path, answer)
+
+
+def test_every_answer_is_documented_and_every_documented_answer_happens(
+    spec, api, make_client, running_worker, web_server, settings
+):
+    ledger = Ledger(spec)
+    call = Caller(ledger, web_server.base)
+    _, read_only = make_client("reader", scopes="read")
+    _, write_only = make_client("writer", scopes="responses")
+    tasks, responses = f"{API}tasks", f"{API}responses"
+    task_path, response_path = f"{API}tasks/{{task_id}}", f"{API}responses/{{response_id}}"
+    cancel_path, events_path = f"{task_path}/cancel", f"{task_path}/events"
+    token_path, pair = f"{task_path}/stream_token", f"{API}pair"
+    big = "x" * (settings.LMSP_MAX_REQUEST_BYTES + 1)
+
+    # Every operation as nobody, with an unknown token, and with each single scope: refused exactly
+    # as its security requirement says. And a method no path serves, on every path.
+    scope_of = {None: None, UNKNOWN_TOKEN: None, read_only: "read", write_only: "responses"}
+    for path, operations in spec["paths"].items():
+        for method, operation in operations.items():
+            needed = [scopes for alternative in operation["security"] for scopes in alternative.get("bearerAuth", [])]
+            bearer = any("bearerAuth" in alternative for alternative in operation["security"])
+            for token, scope in scope_of.items():
+                answer = call.here(method.upper(), path, token=token)
+                if not bearer:
+                    expected = None
+                elif scope is None:
+                    expected = 401
+                else:
+                    expected = None if scope in needed else 403
+                refused = answer.status if answer.status in (401, 403) else None
+                if refused != expected:
+                    ledger.faults.append(f"{method.upper()} {path} with scope {scope}: {answer.status}, not {expected}")
+        call.here("*", path)
+
+    # A task that ran to the end on the live worker.
+    body = {"type": "response", "input": {"model": "demo", "input": "Hello", **SHORT}}
+    done = wait_for_status(api, api.post(tasks, body).json()["id"], TERMINAL)
+    assert done["status"] == "succeeded", done
+    done_url, last = fill(task_path, done["id"]), Task.objects.get(pk=done["id"]).last_sequence
+
+    # POST /tasks
+    call.here("POST", tasks, token=api.token, body=body, headers={"Idempotency-Key": "k-task"})
+    call.here("POST", tasks, token=api.token, body=body, headers={"Idempotency-Key": "k-task"})
+    other_body = {**body, "on_restart": "retry"}
+    call.here("POST", tasks, token=api.token, body=other_body, headers={"Idempotency-Key": "k-task"})
+    call.here("POST", tasks, token=api.token, raw="{not json")
+    call.here("POST", tasks, token=api.token, body={**body, "input": {**body["input"], "model": "nope"}})
+    call.here("POST", tasks, token=api.token, raw="hello", content_type="text/plain")
+    call.here("POST", tasks, token=api.token, raw=big)
+    with override_settings(LMSP_MAX_QUEUED_TASKS=0):
+        call.here("POST", tasks, token=api.token, body=body)
+    demo = ModelRecord.objects.get(name="demo")
+    capabilities = demo.capabilities
+    ModelRecord.objects.filter(pk=demo.pk).update(capabilities={**capabilities, "resumable_snapshots": False})
+    try:
+        call.here("POST", tasks, token=api.token, body={**body, "on_restart": "resume"})
+    finally:
+        ModelRecord.objects.filter(pk=demo.pk).update(capabilities=capabilities)
+
+    # GET /tasks, GET /models
+    call.here("GET", tasks, url=f"{tasks}?limit=0", token=api.token)
+    call.here("GET", f"{API}models", url=f"{API}models?limit=0", token=api.token)
+
+    # One task: read, mint a stream token, cancel (a finished one cannot be), oversized bodies.
+    call.here("GET", task_path, url=done_url, token=api.token)
+    call.here("POST", token_path, url=f"{done_url}/stream_token", token=api.token)
+    call.here("POST", token_path, url=f"{done_url}/stream_token", token=api.token, raw=big)
+    call.here("POST", cancel_path, url=f"{done_url}/cancel", token=api.token)
+    call.here("POST", cancel_path, url=f"{done_url}/cancel", token=api.token, raw=big)
+
+    # Event streams: the whole log (live), the end (204), cursors, stream tokens.
+    events_url = f"{done_url}/events"
+    call.live("GET", events_path, url=events_url, token=api.token)
+    call.here("GET", events_path, url=events_url, token=api.token, headers={"Last-Event-ID": str(last)})
+    call.here("GET", events_path, url=f"{events_url}?starting_after=soon", token=api.token)
+    call.here("GET", events_path, url=f"{events_url}?starting_after={last + 1}", token=api.token)
+    call.here("GET", events_path, url=f"{events_url}?token=forged")
+
+    # GET /responses/{id}: the object, its events, the end, a bad flag.
+    stored_url = fill(response_path, response_id=done["response_id"])
+    call.here("GET", response_path, url=stored_url, token=api.token)
+    call.live("GET", response_path, url=f"{stored_url}?stream=true", token=api.token)
+    call.here("GET", response_path, url=f"{stored_url}?stream=true&starting_after={last}", token=api.token)
+    call.here("GET", response_path, url=f"{stored_url}?stream=maybe", token=api.token)
+
+    # POST /responses: streamed (live), its retry from the end and from the start, another body.
+    request = {"model": "demo", "input": "Hello", "stream": True, **SHORT}
+    keyed = {"Idempotency-Key": "k-stream"}
+    streamed = call.live("POST", responses, url=responses, token=api.token, body=request, headers=keyed)
+    stream_last = streamed.events[-1]["sequence_number"]
+    at_end = {**keyed, "Last-Event-ID": str(stream_last)}
+    call.live("POST", responses, url=responses, token=api.token, body=request, headers=at_end)
+    call.live("POST", responses, url=responses, token=api.token, body=request, headers=keyed)
+    call.here("POST", responses, token=api.token, body={**request, "seed": 1}, headers=keyed)
+    call.here("POST", responses, token=api.token, body={**request, "model": "nope"})
+    call.here("POST", responses, token=api.token, raw="hello", content_type="text/plain")
+    call.here("POST", responses, token=api.token, raw=big)
+    with override_settings(LMSP_MAX_QUEUED_TASKS=0):
+        call.here("POST", responses, token=api.token, body=request)
+
+    # A waiting POST /responses (live) holds its key: a second one with it meanwhile is 409. Its long
+    # generation is then cancelled (200), and the waiting request answers the cancelled response.
+    waiting = {"model": "demo", "input": "A long story", "max_output_tokens": 8000}
+    held = {"Idempotency-Key": "k-wait"}
+    with ThreadPoolExecutor(1) as pool:
+        first = pool.submit(call.live, "POST", responses, url=responses, token=api.token, body=waiting, headers=held)
+        record = wait_until(
+            lambda: IdempotencyKey.objects.filter(key="k-wait", task__isnull=False).first(),
+            what="the waiting request never claimed its key",
+        )
+        call.here("POST", responses, token=api.token, body=waiting, headers=held)
+        call.here("POST", cancel_path, url=fill(cancel_path, record.task_id), token=api.token)
+        assert first.result().status == 200
+
+    # POST /pair: a real code, then bad ones until the rate limit answers.
+    _, code = pairing_code_create(scopes="read")
+    call.here("POST", pair, body={"code": code, "client_name": "phone"})
+    call.here("POST", pair, raw="hello", content_type="text/plain")
+    call.here("POST", pair, raw=big)
+    for _ in range(50):
+        if call.here("POST", pair, body={"code": "0000-0000", "client_name": "x"}).status == 429:
+            break
+
+    # Retention removes the finished tasks' events: every way to read them is 410 now.
+    settings.LMSP_EVENT_RETENTION_SECONDS = 0
+    assert retention_cleanup().events > 0
+    call.here("GET", events_path, url=events_url, token=api.token)
+    call.here("GET", response_path, url=f"{stored_url}?stream=true", token=api.token)
+    call.here("POST", responses, token=api.token, body=request, headers=keyed)
+
+    assert ledger.faults == []
+    unproduced = {
+        entry
+        for entry in ledger.documented() - ledger.seen
+        if entry not in CANNOT_PRODUCE and entry[2:] not in CANNOT_PRODUCE_ANYWHERE
+    }
+    assert unproduced == set()
