@@ -10,6 +10,7 @@ from django.db.models import Q, QuerySet
 
 from tasks_app.exceptions import EventHistoryExpired, InvalidRequest, ModelNotFound, ResponseNotFound, TaskNotFound
 from tasks_app.models import Client, ModelRecord, Response, Task, TaskEvent, TaskSnapshot, TaskStatus
+from tasks_app.querying import status_in
 
 if TYPE_CHECKING:
     from tasks_app.auth import StreamReader
@@ -110,7 +111,7 @@ def task_list_visible(*, client: Client, statuses: list[str] | None, after: str 
     if not _sees_all(client):
         qs = qs.filter(client=client)
     if statuses:
-        qs = qs.filter(status__in=statuses)
+        qs = qs.filter(status_in(statuses))
     if after:
         # Ids are ULIDs: id order is creation order.
         qs = qs.filter(id__lt=after)
@@ -209,3 +210,90 @@ def task_output_text(*, task_id: str) -> tuple[str | None, str]:
     ).order_by("sequence_number")
     text = "".join(json.loads(p)["delta"] for p in deltas.values_list("payload", flat=True).iterator())
     return json.loads(payload)["item"]["id"], text
+
+
+# --------------------------------------------------------------------------- #
+# The admin's reads
+# --------------------------------------------------------------------------- #
+
+
+def model_names() -> list[str]:
+    """Registered model names, for the admin's model filters (the models table is small;
+    a DISTINCT over tasks or responses would read all of them)."""
+    return list(ModelRecord.objects.order_by("name").values_list("name", flat=True))
+
+
+def response_output_text(*, response: Response) -> str:
+    """The text of a response's output items, as a client reads it."""
+    return "".join(
+        part.get("text", "")
+        for item in response.output or []
+        if isinstance(item, dict)
+        for part in item.get("content") or []
+        if isinstance(part, dict) and part.get("type") == "output_text"
+    )
+
+
+def task_output_text_until(*, task_id: str, last_sequence: int) -> str:
+    """The current attempt's committed text as of event ``last_sequence``.
+
+    Bounded by the cursor, so a page that shows this text and then follows
+    the stream from ``last_sequence`` neither repeats nor skips a delta, even
+    while the worker keeps committing.
+    """
+    opened = (
+        TaskEvent.objects.filter(task_id=task_id, type="response.output_item.added", sequence_number__lte=last_sequence)
+        .order_by("-sequence_number")
+        .values_list("sequence_number", flat=True)
+        .first()
+    )
+    if opened is None:
+        return ""
+    deltas = TaskEvent.objects.filter(
+        task_id=task_id,
+        type="response.output_text.delta",
+        sequence_number__gt=opened,
+        sequence_number__lte=last_sequence,
+    ).order_by("sequence_number")
+    return "".join(json.loads(p)["delta"] for p in deltas.values_list("payload", flat=True).iterator())
+
+
+def task_events_latest(*, task_id: str, last_sequence: int, limit: int) -> list[TaskEvent]:
+    """The newest ``limit`` events up to ``last_sequence``, oldest first."""
+    rows = list(
+        TaskEvent.objects.filter(task_id=task_id, sequence_number__lte=last_sequence).order_by("-sequence_number")[
+            :limit
+        ]
+    )
+    rows.reverse()
+    return rows
+
+
+@dataclass(frozen=True)
+class TaskAdminDetail:
+    """What the admin's task page shows beside the row itself.
+
+    ``text`` is the output as of event ``cursor`` (the task's ``last_sequence``
+    when it was read); the page's live pane follows the stream after it.
+    """
+
+    text: str
+    cursor: int
+    latest_events: list[TaskEvent]
+    snapshot: StoredSnapshot | None
+
+
+def task_admin_detail(*, task: Task, events: int = 20) -> TaskAdminDetail:
+    """Output text, newest events and snapshot of a task whose row (with its response) is loaded."""
+    cursor = task.last_sequence
+    if task.is_terminal:
+        # A finished task's response holds its final text, also after its events expired.
+        text = response_output_text(response=task.response)
+    else:
+        text = task_output_text_until(task_id=task.pk, last_sequence=cursor)
+    return TaskAdminDetail(
+        text=text,
+        cursor=cursor,
+        latest_events=task_events_latest(task_id=task.pk, last_sequence=cursor, limit=events),
+        snapshot=task_snapshot_get(task_id=task.pk),
+    )

@@ -69,13 +69,22 @@ def client_create(*, name: str, scopes: Iterable[str] | str) -> tuple[Client, st
 
 def client_revoke(*, name: str) -> Client | None:
     """Revoke the active client called ``name``; None when there is none."""
-    now = timezone.now()
     client = Client.objects.filter(name=name, revoked_at__isnull=True).first()
     if client is None:
         return None
-    Client.objects.filter(pk=client.pk, revoked_at__isnull=True).update(revoked_at=now)
-    client.revoked_at = now
-    return client
+    return client_revoke_by_id(client_id=client.pk)
+
+
+def client_revoke_by_id(*, client_id: int) -> Client | None:
+    """Revoke the client ``client_id``; None when it does not exist or was already revoked.
+
+    The row is never deleted: its tasks and responses keep pointing at it.
+    The conditional UPDATE keeps the first revocation's time when two race.
+    """
+    now = timezone.now()
+    if not Client.objects.filter(pk=client_id, revoked_at__isnull=True).update(revoked_at=now):
+        return None
+    return Client.objects.get(pk=client_id)
 
 
 def client_touch(*, client: Client) -> None:

@@ -1,0 +1,148 @@
+/*
+ * The live output pane of the admin's task page.
+ *
+ * The page renders the task's text as of event N (data-cursor; the exact
+ * string is in #lmsp-initial-text, since HTML parsing turns a carriage return
+ * into a newline) and, while the task is unfinished, opens the
+ * task's event stream after it (?starting_after=N; the staff session cookie
+ * authenticates it). Deltas are appended, a new output item (a rerun) starts
+ * the text over, and the status follows the response.* events. On a dropped
+ * connection EventSource reconnects by itself and sends Last-Event-ID, which
+ * the server prefers to the URL's cursor, so nothing is repeated; ids at or
+ * below the newest one seen are ignored all the same. After the terminal event
+ * the page closes the stream (a reconnect would get 204, which also ends it).
+ */
+(function () {
+  "use strict";
+
+  var pane = document.getElementById("lmsp-output");
+  var textEl = document.getElementById("lmsp-live-text");
+  var initial = document.getElementById("lmsp-initial-text");
+  if (!pane || !textEl) {
+    return;
+  }
+  if (initial) {
+    textEl.textContent = JSON.parse(initial.textContent);
+  }
+  textEl.scrollTop = textEl.scrollHeight;
+  if (!pane.dataset.eventsUrl || !window.EventSource) {
+    return;
+  }
+  var statusEl = document.getElementById("lmsp-live-status");
+  var responseStatusEl = document.getElementById("lmsp-response-status");
+  var noteEl = document.getElementById("lmsp-live-note");
+  var cancelForm = document.getElementById("lmsp-cancel-form");
+  var newest = parseInt(pane.dataset.cursor, 10);
+
+  // Response event -> [task status, response status].
+  var STATUS = {
+    "response.in_progress": ["running", "in_progress"],
+    "response.completed": ["succeeded", "completed"],
+    "response.incomplete": ["succeeded", "incomplete"],
+    "response.failed": ["failed", "failed"],
+    "response.cancelled": ["cancelled", "cancelled"]
+  };
+
+  // Deltas arrive by the hundred per second: gather them and touch the DOM
+  // once per frame, appending a text node (never re-setting the whole text).
+  var pending = [];
+  var pendingUpTo = newest;
+  var scheduled = false;
+
+  // data-cursor always names the last event the text on screen accounts for.
+  function shown(id) {
+    pane.dataset.cursor = String(id);
+  }
+
+  function flush() {
+    scheduled = false;
+    if (pending.length) {
+      // Keep following the end unless the reader scrolled up.
+      var following = textEl.scrollTop + textEl.clientHeight >= textEl.scrollHeight - 4;
+      textEl.appendChild(document.createTextNode(pending.join("")));
+      pending = [];
+      shown(pendingUpTo);
+      if (following) {
+        textEl.scrollTop = textEl.scrollHeight;
+      }
+    }
+  }
+
+  function schedule() {
+    if (!scheduled) {
+      scheduled = true;
+      if (window.requestAnimationFrame) {
+        window.requestAnimationFrame(flush);
+      } else {
+        window.setTimeout(flush, 16);
+      }
+    }
+  }
+
+  function note(text) {
+    if (noteEl) {
+      noteEl.textContent = text;
+    }
+  }
+
+  function fresh(event) {
+    var id = parseInt(event.lastEventId, 10);
+    if (isNaN(id) || id <= newest) {
+      return false;
+    }
+    newest = id;
+    return true;
+  }
+
+  var source = new EventSource(pane.dataset.eventsUrl);
+
+  source.addEventListener("open", function () {
+    note("live output: connected");
+  });
+
+  source.addEventListener("response.output_item.added", function (event) {
+    if (fresh(event)) {
+      pending = [];
+      textEl.textContent = "";
+      shown(newest);
+    }
+  });
+
+  source.addEventListener("response.output_text.delta", function (event) {
+    if (fresh(event)) {
+      pending.push(JSON.parse(event.data).delta);
+      pendingUpTo = newest;
+      schedule();
+    }
+  });
+
+  Object.keys(STATUS).forEach(function (type) {
+    source.addEventListener(type, function (event) {
+      if (!fresh(event)) {
+        return;
+      }
+      flush();
+      shown(newest);
+      statusEl.textContent = STATUS[type][0];
+      statusEl.dataset.status = STATUS[type][0];
+      if (responseStatusEl) {
+        responseStatusEl.textContent = STATUS[type][1];
+      }
+      if (type !== "response.in_progress") {
+        source.close();
+        note("finished");
+        if (cancelForm) {
+          cancelForm.hidden = true;
+        }
+      }
+    });
+  });
+
+  source.addEventListener("error", function () {
+    if (source.readyState === EventSource.CLOSED) {
+      note("live output stopped; reload the page");
+    } else {
+      note("live output: reconnecting…");
+    }
+  });
+})();

@@ -1,0 +1,614 @@
+"""The operator's admin (/admin/) through Django's test client, on the real database.
+
+Lists of large tables cost a fixed number of queries and never count the
+whole table; the task page shows the request, text, error, snapshot and
+newest events; Cancel goes through the lifecycle; clients are created (token
+shown once) and revoked through the services; models are rescanned; nothing
+that the services own can be edited or deleted here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from django.contrib.admin.models import LogEntry
+from django.contrib.auth.models import Permission, User
+from django.core.management import call_command
+from django.db import transaction
+from django.test import Client as Browser
+
+from tasks_app import lifecycle, selectors
+from tasks_app.admin import BoundedCountAdmin, TaskAdmin
+from tasks_app.exceptions import ServerRestarted
+from tasks_app.models import (
+    Client,
+    IdempotencyKey,
+    ModelRecord,
+    ResponseStatus,
+    Task,
+    TaskEvent,
+    TaskStatus,
+)
+from tasks_app.objects import message_item
+from tasks_app.services.idempotency import idempotency_claim
+from tasks_app.services.models import model_scan
+
+S = TaskStatus
+ITEM_ID = "msg_01ADMINTEST0000000000000000"
+
+TASKS = "/admin/tasks_app/task/"
+EVENTS = "/admin/tasks_app/taskevent/"
+KEYS = "/admin/tasks_app/idempotencykey/"
+RESPONSES = "/admin/tasks_app/response/"
+CLIENTS = "/admin/tasks_app/client/"
+MODELS = "/admin/tasks_app/modelrecord/"
+
+
+def task_url(task_id: str, action: str = "change") -> str:
+    return f"{TASKS}{task_id}/{action}/"
+
+
+def delta(text: str) -> tuple[str, dict]:
+    return ("response.output_text.delta", {"item_id": ITEM_ID, "output_index": 0, "content_index": 0, "delta": text})
+
+
+def start_running(task_id: str) -> None:
+    assert lifecycle.task_transition(task_id=task_id, to=S.LOADING, task_changes={"worker": "w@host"}).won
+    opened = ("response.output_item.added", {"output_index": 0, "item": message_item(ITEM_ID, None, "in_progress")})
+    assert lifecycle.task_transition(task_id=task_id, to=S.RUNNING, events=[opened]).won
+
+
+@pytest.fixture
+def new_task(make_client, demo_model) -> Callable[..., Task]:
+    """``new_task(status)``: a task moved there by the lifecycle, as a worker or recovery would."""
+    owner, _ = make_client("owner")
+
+    def make(status: TaskStatus = S.QUEUED, prompt: str = "Say hi", client: Client | None = None) -> Task:
+        task = lifecycle.task_insert(
+            client=client or owner, request={"model": "demo", "input": prompt, "max_output_tokens": 50}, model="demo"
+        )
+        if status == S.FAILED:
+            problem = ServerRestarted("the server restarted while the task ran").to_problem()
+            assert lifecycle.task_transition(task_id=task.id, to=S.FAILED, error=problem).won
+        elif status == S.CANCELLED:
+            assert lifecycle.task_transition(task_id=task.id, to=S.CANCELLED).won
+        elif status == S.LOADING:
+            assert lifecycle.task_transition(task_id=task.id, to=S.LOADING, task_changes={"worker": "w@host"}).won
+        elif status in (S.RUNNING, S.CANCELLING, S.SUCCEEDED):
+            start_running(task.id)
+            assert lifecycle.task_append_events(
+                task_id=task.id,
+                events=[delta("Hel"), delta("lo "), delta("world")],
+                snapshot={"token_ids": [11, 12, 13], "state": {"offset": 3}},
+                task_changes={"output_tokens": 3},
+            ).won
+            if status == S.CANCELLING:
+                assert lifecycle.task_transition(task_id=task.id, to=S.CANCELLING).won
+            if status == S.SUCCEEDED:
+                assert lifecycle.task_transition(
+                    task_id=task.id,
+                    to=S.SUCCEEDED,
+                    events=[("response.output_text.done", {"item_id": ITEM_ID, "text": "Hello world"})],
+                    response_changes={
+                        "status": ResponseStatus.COMPLETED,
+                        "output": [message_item(ITEM_ID, "Hello world", "completed")],
+                    },
+                ).won
+        return Task.objects.select_related("response").get(pk=task.id)
+
+    return make
+
+
+def page_text(response) -> str:
+    return response.content.decode()
+
+
+def messages_of(response) -> list[str]:
+    return [str(message) for message in response.context["messages"]]
+
+
+def events_of(task_id: str) -> list[str]:
+    return list(TaskEvent.objects.filter(task_id=task_id).order_by("sequence_number").values_list("type", flat=True))
+
+
+# --------------------------------------------------------------------------- #
+# Large lists
+# --------------------------------------------------------------------------- #
+
+
+@pytest.fixture
+def seed(make_client, demo_model) -> Callable[[int], list[Task]]:
+    """``seed(n)``: n tasks of three clients (with their responses and event 0) and n idempotency keys."""
+
+    def make(rows: int) -> list[Task]:
+        clients = [make_client(f"seed-{n}")[0] for n in range(3)]
+        tasks = []
+        for index in range(rows):
+            client = clients[index % 3]
+            with transaction.atomic():
+                claim = idempotency_claim(client=client, endpoint="tasks", key=f"key-{index}", request_hash="0" * 64)
+                tasks.append(
+                    lifecycle.task_insert(client=client, request={"model": "demo", "input": f"n{index}"}, model="demo")
+                )
+            IdempotencyKey.objects.filter(pk=claim.record.pk).update(task=tasks[-1])
+        return tasks
+
+    return make
+
+
+# The same number for 5 rows and for 300 (three pages): session, user, the
+# filters' choices (clients, models), one bounded count, one page of rows.
+LIST_QUERIES = {
+    TASKS: 6,
+    f"{TASKS}?status=queued&model=demo&on_restart__exact=fail": 6,
+    EVENTS: 4,
+    KEYS: 5,
+    RESPONSES: 5,
+}
+
+
+@pytest.mark.parametrize("rows", [5, 300])
+@pytest.mark.parametrize("url", list(LIST_QUERIES))
+def test_large_lists_render_in_a_fixed_number_of_queries_without_counting_the_table(
+    admin_client, seed, rows, url, django_assert_num_queries
+):
+    seed(rows)
+    with django_assert_num_queries(LIST_QUERIES[url]) as captured:
+        page = admin_client.get(url)
+    assert page.status_code == 200
+    shown = min(rows, 100)
+    assert len(page.context["cl"].result_list) == shown
+    counts = [q["sql"] for q in captured.captured_queries if "COUNT(" in q["sql"].upper()]
+    # One count, of at most a window of rows (LIMIT inside a subquery), never the table.
+    assert len(counts) == 1, counts
+    assert re.search(r"LIMIT \d+", counts[0]), counts[0]
+    assert "DISTINCT" not in " ".join(q["sql"].upper() for q in captured.captured_queries)
+
+
+def test_a_task_events_list_costs_the_same_for_a_long_log(admin_client, new_task, django_assert_num_queries):
+    short, long = new_task(S.RUNNING), new_task(S.RUNNING)
+    for _ in range(30):
+        lifecycle.task_append_events(task_id=long.id, events=[delta("x")] * 10)
+    for task in (short, long):
+        with django_assert_num_queries(LIST_QUERIES[EVENTS]):
+            assert admin_client.get(f"{EVENTS}?task={task.id}").status_code == 200
+
+
+def test_past_the_count_window_the_list_says_more_than_n_and_later_pages_stay_reachable(
+    admin_client, seed, monkeypatch
+):
+    monkeypatch.setattr(TaskAdmin, "list_per_page", 10)
+    monkeypatch.setattr(BoundedCountAdmin, "count_floor", 50)
+    monkeypatch.setattr(BoundedCountAdmin, "pages_ahead", 4)
+    seed(120)
+
+    first = admin_client.get(TASKS)
+    assert "more than 50 tasks" in page_text(first)
+    # From page 8 on, the window (page + 4) * 10 covers all 120 rows: an exact count.
+    last = admin_client.get(f"{TASKS}?p=12")
+    assert last.status_code == 200
+    assert "120 tasks" in page_text(last) and "more than" not in page_text(last)
+    assert len(last.context["cl"].result_list) == 10
+    # Newest first: page 12 holds the ten oldest tasks.
+    oldest = list(Task.objects.order_by("id").values_list("id", flat=True)[:10])
+    assert sorted(task.id for task in last.context["cl"].result_list) == oldest
+
+
+def test_filters_pick_tasks_by_status_model_and_client(admin_client, new_task, make_client):
+    other_client, _ = make_client("other")
+    queued, running, cancelling = new_task(S.QUEUED), new_task(S.RUNNING), new_task(S.CANCELLING)
+    foreign = new_task(S.QUEUED, client=other_client)
+
+    def listed(**params: str) -> set[str]:
+        return {task.id for task in admin_client.get(TASKS, params).context["cl"].result_list}
+
+    assert listed(status="queued") == {queued.id, foreign.id}
+    assert listed(status="running") == {running.id}
+    assert listed(status="cancelling") == {cancelling.id}
+    assert listed(status="succeeded") == set()
+    assert listed(status="queued", client__id__exact=str(other_client.pk)) == {foreign.id}
+    assert listed(model="demo") == {queued.id, running.id, cancelling.id, foreign.id}
+    assert listed(model="no-such-model") == set()
+
+
+def test_search_finds_a_task_by_its_id_or_its_response_id_exactly(admin_client, new_task):
+    wanted, other = new_task(), new_task()
+    for term in (wanted.id, wanted.response_id, f"  {wanted.id} "):
+        page = admin_client.get(TASKS, {"q": term})
+        assert [task.id for task in page.context["cl"].result_list] == [wanted.id]
+    # Exact, not a substring or case-insensitive scan.
+    assert list(admin_client.get(TASKS, {"q": wanted.id[:-2]}).context["cl"].result_list) == []
+    assert list(admin_client.get(TASKS, {"q": wanted.id.lower()}).context["cl"].result_list) == []
+    assert other.id not in page_text(admin_client.get(TASKS, {"q": wanted.id}))
+
+
+def test_the_task_list_shows_model_status_policy_attempts_and_output_tokens(admin_client, new_task):
+    running = new_task(S.RUNNING)
+    Task.objects.filter(pk=running.id).update(attempts=2)
+    page = page_text(admin_client.get(TASKS))
+    row = re.search(rf'<tr><td class="action-checkbox">.*?{running.id}.*?</tr>', page, re.S).group(0)
+    cells = dict(re.findall(r'<t[dh] class="field-([a-z_]+)[^"]*">(?:<a [^>]*>)?([^<]*)', row))
+    assert cells["id"] == running.id
+    assert cells["client"] == "owner"
+    assert cells["model_column"] == "demo"
+    assert cells["status"] == "running"
+    assert cells["on_restart"] == "fail"
+    assert cells["attempts"] == "2"
+    assert cells["output_tokens"] == "3"
+    assert "?model=demo" in page
+
+
+# --------------------------------------------------------------------------- #
+# The task page
+# --------------------------------------------------------------------------- #
+
+
+def test_a_running_task_page_shows_request_text_snapshot_events_and_opens_its_stream_after_them(admin_client, new_task):
+    task = new_task(S.RUNNING, prompt="Tell me about rivers")
+    page = page_text(admin_client.get(task_url(task.id)))
+
+    assert "Tell me about rivers" in page
+    assert re.search(r'<pre id="lmsp-live-text"[^>]*>Hello world</pre>', page)
+    assert 'id="lmsp-live-status" data-status="running"' in page
+    assert f"1 rows, 3 token ids stored, as of event {task.last_sequence}" in page
+    # The stream starts after the last event the text already holds.
+    assert f'data-events-url="/lmsp/v1/tasks/{task.id}/events?starting_after={task.last_sequence}"' in page
+    assert f'data-cursor="{task.last_sequence}"' in page
+    assert "tasks_app/task_live.js" in page
+    assert '<script id="lmsp-initial-text" type="application/json">"Hello world"</script>' in page
+    assert f"{EVENTS}?task={task.id}" in page
+    for event_type in ("response.created", "response.in_progress", "response.output_text.delta"):
+        assert event_type in page
+    assert 'id="lmsp-cancel"' in page
+    assert "w@host" in page
+    # View-only: no save button.
+    assert 'name="_save"' not in page
+
+
+def test_the_pages_text_stops_at_its_cursor_so_the_stream_adds_nothing_twice(new_task):
+    task = new_task(S.RUNNING)
+    cursor = task.last_sequence
+    lifecycle.task_append_events(task_id=task.id, events=[delta("!"), delta("?")])
+    assert selectors.task_output_text_until(task_id=task.id, last_sequence=cursor) == "Hello world"
+    assert selectors.task_output_text_until(task_id=task.id, last_sequence=cursor + 2) == "Hello world!?"
+
+
+def test_a_finished_task_page_shows_its_response_text_and_no_live_stream(admin_client, new_task):
+    task = new_task(S.SUCCEEDED)
+    page = page_text(admin_client.get(task_url(task.id)))
+    assert re.search(r'<pre id="lmsp-live-text"[^>]*>Hello world</pre>', page)
+    assert "data-events-url" not in page
+    assert 'id="lmsp-cancel"' not in page
+    assert "response.completed" in page
+    assert "none (only a running resumable task keeps one)" in page
+
+
+def test_a_failed_task_page_shows_the_problem(admin_client, new_task):
+    task = new_task(S.FAILED)
+    page = page_text(admin_client.get(task_url(task.id)))
+    assert "urn:lmsp:problem:server_restarted" in page
+    assert "the server restarted while the task ran" in page
+    assert "response.failed" in page
+
+
+def test_the_events_link_lists_one_tasks_whole_log_in_order_read_only(admin_client, new_task):
+    task = new_task(S.RUNNING)
+    other = new_task(S.RUNNING)
+    lifecycle.task_append_events(task_id=task.id, events=[delta(f"{n} ") for n in range(150)])
+    last = Task.objects.get(pk=task.id).last_sequence
+
+    first = admin_client.get(EVENTS, {"task": task.id})
+    second = admin_client.get(EVENTS, {"task": task.id, "p": 2})
+    seen = [event.sequence_number for page in (first, second) for event in page.context["cl"].result_list]
+    assert seen == list(range(last + 1))
+    assert other.id not in page_text(first)
+    assert f"{last + 1} task events" in page_text(first)
+
+
+# --------------------------------------------------------------------------- #
+# Cancel
+# --------------------------------------------------------------------------- #
+
+
+def test_the_cancel_action_follows_the_lifecycle(admin_client, new_task):
+    queued, running, loading = new_task(S.QUEUED), new_task(S.RUNNING), new_task(S.LOADING)
+    cancelling, succeeded = new_task(S.CANCELLING), new_task(S.SUCCEEDED)
+    chosen = [queued, running, loading, cancelling, succeeded]
+
+    page = admin_client.post(TASKS, {"action": "cancel_tasks", "_selected_action": [t.id for t in chosen]}, follow=True)
+
+    assert page.status_code == 200
+    status = dict(Task.objects.filter(pk__in=[t.id for t in chosen]).values_list("id", "status"))
+    assert status == {
+        queued.id: S.CANCELLED,
+        running.id: S.CANCELLING,
+        loading.id: S.CANCELLING,
+        cancelling.id: S.CANCELLING,
+        succeeded.id: S.SUCCEEDED,
+    }
+    assert events_of(queued.id)[-1] == "response.cancelled"
+    # Cancelling writes no event: the worker ends the task with response.cancelled.
+    assert events_of(running.id)[-1] == "response.output_text.delta"
+    assert Task.objects.get(pk=running.id).cancel_requested_at is not None
+    assert events_of(succeeded.id)[-1] == "response.completed"
+    text = " ".join(messages_of(page))
+    assert "1 cancelled, 2 cancelling (the worker stops them), 1 already cancelling or cancelled" in text
+    assert f"Not cancelled, already finished (succeeded or failed): {succeeded.id} (succeeded)" in text
+
+
+def test_the_cancel_button_cancels_a_queued_task_at_once(admin_client, new_task):
+    task = new_task(S.QUEUED)
+    page = admin_client.post(task_url(task.id, "cancel"), follow=True)
+    assert page.redirect_chain[-1][0] == task_url(task.id)
+    assert Task.objects.get(pk=task.id).status == S.CANCELLED
+    assert events_of(task.id) == ["response.created", "response.cancelled"]
+    assert f"Task {task.id} was cancelled." in messages_of(page)
+    assert 'data-status="cancelled"' in page_text(page)
+    # Who cancelled is in the task's admin history.
+    entry = LogEntry.objects.get(object_id=task.id)
+    assert (entry.user.username, entry.change_message) == ("admin", "Cancel: queued -> cancelled")
+
+
+def test_the_cancel_button_asks_a_running_tasks_worker_to_stop(admin_client, new_task):
+    task = new_task(S.RUNNING)
+    page = admin_client.post(task_url(task.id, "cancel"), follow=True)
+    assert Task.objects.get(pk=task.id).status == S.CANCELLING
+    assert any("is cancelling" in message for message in messages_of(page))
+    # The page keeps following the stream: the worker's response.cancelled ends it.
+    assert "data-events-url" in page_text(page)
+
+    again = admin_client.post(task_url(task.id, "cancel"), follow=True)
+    assert Task.objects.get(pk=task.id).status == S.CANCELLING
+    assert f"Task {task.id} was already cancelling." in messages_of(again)
+
+
+@pytest.mark.parametrize("status", [S.SUCCEEDED, S.FAILED])
+def test_the_cancel_button_refuses_a_finished_task_with_a_message(admin_client, new_task, status):
+    task = new_task(status)
+    before = events_of(task.id)
+    page = admin_client.post(task_url(task.id, "cancel"), follow=True)
+    assert page.status_code == 200
+    assert f"Task {task.id} was not cancelled: it has already finished ({status})." in messages_of(page)
+    assert Task.objects.get(pk=task.id).status == status
+    assert events_of(task.id) == before
+
+
+def test_cancel_is_a_post_and_an_unknown_task_is_no_error(admin_client, new_task):
+    task = new_task(S.QUEUED)
+    assert admin_client.get(task_url(task.id, "cancel")).status_code == 405
+    assert Task.objects.get(pk=task.id).status == S.QUEUED
+    unknown = "task_01ARZ3NDEKTSV4RRFFQ69G5FAV"
+    missing = admin_client.post(task_url(unknown, "cancel"), follow=True)
+    assert missing.status_code == 200
+    assert any(unknown in message and "exist" in message for message in messages_of(missing))
+
+
+def test_a_staff_user_who_may_only_view_tasks_cannot_cancel(new_task):
+    task = new_task(S.QUEUED)
+    viewer = User.objects.create_user("viewer", password="pw", is_staff=True)
+    viewer.user_permissions.add(Permission.objects.get(codename="view_task"))
+    browser = Browser()
+    browser.force_login(viewer)
+
+    listing = browser.get(TASKS)
+    assert listing.status_code == 200
+    assert "cancel_tasks" not in page_text(listing)
+    assert 'id="lmsp-cancel"' not in page_text(browser.get(task_url(task.id)))
+    assert browser.post(task_url(task.id, "cancel")).status_code == 403
+    browser.post(TASKS, {"action": "cancel_tasks", "_selected_action": [task.id]})
+    assert Task.objects.get(pk=task.id).status == S.QUEUED
+
+
+def test_logged_out_and_non_staff_users_get_nothing(new_task):
+    task = new_task(S.QUEUED)
+    User.objects.create_user("visitor", password="pw")
+    retired = User.objects.create_user("retired", password="pw", is_staff=True, is_active=False)
+    retired.user_permissions.add(Permission.objects.get(codename="change_task"))
+    anonymous, visitor, inactive = Browser(), Browser(), Browser()
+    visitor.login(username="visitor", password="pw")
+    inactive.force_login(retired)
+
+    for browser in (anonymous, visitor, inactive):
+        for url in (TASKS, task_url(task.id), EVENTS, CLIENTS, f"{CLIENTS}add/"):
+            page = browser.get(url)
+            assert page.status_code == 302 and page["Location"].startswith("/admin/login/"), url
+        cancel = browser.post(task_url(task.id, "cancel"))
+        assert cancel.status_code == 302 and cancel["Location"].startswith("/admin/login/")
+    assert Task.objects.get(pk=task.id).status == S.QUEUED
+
+
+# --------------------------------------------------------------------------- #
+# Read-only tables
+# --------------------------------------------------------------------------- #
+
+
+@pytest.fixture
+def one_of_each(new_task, make_client):
+    task = new_task(S.SUCCEEDED)
+    with transaction.atomic():
+        claim = idempotency_claim(client=task.client, endpoint="tasks", key="k-1", request_hash="1" * 64)
+    from tasks_app.services.clients import pairing_code_create
+
+    pairing, _ = pairing_code_create(scopes="read")
+    return {
+        "taskevent": TaskEvent.objects.filter(task=task).first().pk,
+        "idempotencykey": claim.record.pk,
+        "task": task.id,
+        "response": task.response_id,
+        "modelrecord": ModelRecord.objects.get(name="demo").pk,
+        "pairingcode": pairing.pk,
+        "client": task.client_id,
+    }
+
+
+@pytest.mark.parametrize(
+    "model", ["taskevent", "idempotencykey", "task", "response", "modelrecord", "pairingcode", "client"]
+)
+def test_nothing_can_be_edited_or_deleted(admin_client, one_of_each, model):
+    pk = one_of_each[model]
+    base = f"/admin/tasks_app/{model}/"
+    view = admin_client.get(f"{base}{pk}/change/")
+    assert view.status_code == 200
+    assert 'name="_save"' not in page_text(view)
+    assert "deletelink" not in page_text(view)
+    assert admin_client.post(f"{base}{pk}/change/", {"type": "x", "name": "x"}).status_code == 403
+    assert admin_client.get(f"{base}{pk}/delete/").status_code == 403
+    assert admin_client.post(f"{base}{pk}/delete/", {"post": "yes"}).status_code == 403
+    listing = admin_client.get(base)
+    assert "delete_selected" not in page_text(listing)
+    bulk = admin_client.post(base, {"action": "delete_selected", "_selected_action": [pk], "post": "yes"})
+    assert bulk.status_code in (200, 302)
+    if model != "client":
+        assert admin_client.get(f"{base}add/").status_code == 403
+    manager = {
+        "taskevent": TaskEvent,
+        "idempotencykey": IdempotencyKey,
+        "task": Task,
+        "response": Task.response.field.related_model,
+        "modelrecord": ModelRecord,
+        "client": Client,
+    }.get(model)
+    if manager is not None:
+        assert manager.objects.filter(pk=pk).exists()
+
+
+def test_event_and_key_pages_show_their_json_and_never_a_pairing_code_hash(admin_client, one_of_each):
+    event = admin_client.get(f"{EVENTS}{one_of_each['taskevent']}/change/")
+    assert "response.created" in page_text(event)
+    key = admin_client.get(f"{KEYS}{one_of_each['idempotencykey']}/change/")
+    assert "k-1" in page_text(key)
+    code = admin_client.get(f"/admin/tasks_app/pairingcode/{one_of_each['pairingcode']}/change/")
+    from tasks_app.models import PairingCode
+
+    assert PairingCode.objects.get(pk=one_of_each["pairingcode"]).code_hash not in page_text(code)
+
+
+# --------------------------------------------------------------------------- #
+# Clients
+# --------------------------------------------------------------------------- #
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+def test_a_client_created_in_the_admin_gets_a_token_shown_once_that_works_until_revoked(admin_client, demo_model):
+    created = admin_client.post(f"{CLIENTS}add/", {"name": "laptop", "scopes": ["responses", "read"]})
+
+    assert created.status_code == 200
+    assert "no-store" in created["Cache-Control"]
+    token = re.search(r'<code id="lmsp-client-token"[^>]*>([^<]+)</code>', page_text(created)).group(1)
+    client = Client.objects.get(name="laptop")
+    assert client.scopes == ["responses", "read"]
+    assert client.token_hash == hashlib.sha256(token.encode()).hexdigest()
+
+    api = Browser()
+    models = api.get("/lmsp/v1/models", headers=bearer(token))
+    assert models.status_code == 200
+    assert [m["id"] for m in models.json()["data"]] == ["demo"]
+
+    # Never shown again, and the hash never at all.
+    for url in (CLIENTS, f"{CLIENTS}{client.pk}/change/"):
+        page = page_text(admin_client.get(url))
+        assert token not in page
+        assert client.token_hash not in page
+    detail = page_text(admin_client.get(f"{CLIENTS}{client.pk}/change/"))
+    assert 'id="lmsp-revoke"' in detail
+
+    revoked = admin_client.post(f"{CLIENTS}{client.pk}/revoke/", follow=True)
+    assert "Client laptop is revoked: its token no longer works." in messages_of(revoked)
+    assert Client.objects.get(pk=client.pk).revoked_at is not None
+    assert 'id="lmsp-revoke"' not in page_text(revoked)
+    refused = api.get("/lmsp/v1/models", headers=bearer(token))
+    assert refused.status_code == 401
+    assert refused.json()["code"] == "unauthorized"
+
+
+def test_the_revoke_action_revokes_and_keeps_the_rows(admin_client, make_client, new_task):
+    alice, alice_token = make_client("alice")
+    bob, bob_token = make_client("bob")
+    task = new_task(S.SUCCEEDED, client=alice)
+
+    page = admin_client.post(CLIENTS, {"action": "revoke_clients", "_selected_action": [alice.pk, bob.pk]}, follow=True)
+
+    assert any("Revoked: " in message and "alice" in message and "bob" in message for message in messages_of(page))
+    for token in (alice_token, bob_token):
+        assert Browser().get("/lmsp/v1/models", headers=bearer(token)).status_code == 401
+    # Revoked, not deleted: the task still points at its client.
+    assert Task.objects.get(pk=task.id).client_id == alice.pk
+    again = admin_client.post(CLIENTS, {"action": "revoke_clients", "_selected_action": [alice.pk]}, follow=True)
+    assert any("already revoked" in message for message in messages_of(again))
+
+
+def test_a_clashing_or_empty_client_form_is_refused_with_its_reason(admin_client, make_client):
+    make_client("taken")
+    clash = admin_client.post(f"{CLIENTS}add/", {"name": "taken", "scopes": ["read"]})
+    assert clash.status_code == 200
+    assert "a client named &#x27;taken&#x27; already exists" in page_text(clash)
+    assert "lmsp-client-token" not in page_text(clash)
+    empty = admin_client.post(f"{CLIENTS}add/", {"name": "", "scopes": []})
+    assert empty.status_code == 200
+    assert "This field is required." in page_text(empty)
+    assert Client.objects.filter(name="taken").count() == 1
+
+
+# --------------------------------------------------------------------------- #
+# Models
+# --------------------------------------------------------------------------- #
+
+
+def test_rescan_picks_up_a_new_model_folder_and_digests_are_shown(
+    admin_client, demo_models_root: Path, tmp_path: Path, settings
+):
+    root = tmp_path / "models"
+    shutil.copytree(demo_models_root / "demo", root / "demo")
+    settings.LMSP_MODELS_DIR = root
+    model_scan(models_dir=root)
+
+    shutil.copytree(demo_models_root / "demo", root / "demo-copy")
+    assert admin_client.get(f"{MODELS}rescan/").status_code == 405
+    page = admin_client.post(f"{MODELS}rescan/", follow=True)
+
+    assert page.status_code == 200
+    assert "Rescanned models. added: demo-copy; updated: none; removed: none; unchanged: 1." in messages_of(page)
+    record = ModelRecord.objects.get(name="demo-copy")
+    assert record.digest == ModelRecord.objects.get(name="demo").digest
+    listing = page_text(page)
+    assert "demo-copy" in listing and record.digest[:19] in listing and 'id="lmsp-rescan"' in listing
+    detail = page_text(admin_client.get(f"{MODELS}{record.pk}/change/"))
+    assert record.digest in detail
+    assert "model.onnx" in detail
+
+    shutil.rmtree(root / "demo-copy")
+    gone = admin_client.post(f"{MODELS}rescan/", follow=True)
+    assert "Rescanned models. added: none; updated: none; removed: demo-copy; unchanged: 1." in messages_of(gone)
+
+
+def test_rescan_needs_the_change_permission(demo_model):
+    viewer = User.objects.create_user("viewer", password="pw", is_staff=True)
+    viewer.user_permissions.add(Permission.objects.get(codename="view_modelrecord"))
+    browser = Browser()
+    browser.force_login(viewer)
+    assert 'id="lmsp-rescan"' not in page_text(browser.get(MODELS))
+    assert browser.post(f"{MODELS}rescan/").status_code == 403
+
+
+# --------------------------------------------------------------------------- #
+# Staff accounts
+# --------------------------------------------------------------------------- #
+
+
+def test_a_superuser_made_with_createsuperuser_logs_into_the_admin(db, monkeypatch):
+    monkeypatch.setenv("DJANGO_SUPERUSER_PASSWORD", "a long operator password")
+    call_command("createsuperuser", interactive=False, username="operator", email="ops@example.org", verbosity=0)
+    browser = Browser()
+    assert browser.login(username="operator", password="a long operator password")
+    index = browser.get("/admin/")
+    assert index.status_code == 200
+    for name in ("Tasks", "Task events", "Idempotency keys", "Clients", "Models"):
+        assert name in page_text(index), name

@@ -1,0 +1,215 @@
+"""The admin in a real browser: Debian's headless chromium, driven by Playwright,
+against a real uvicorn and a real Celery worker generating on the demo model.
+
+An operator logs in, opens a running task, watches its text grow as the page
+follows the task's event stream with the staff session, presses Cancel and
+sees ``cancelled``; the text on the page is then exactly the cancelled
+response's text (nothing repeated or lost across the page reload). A stream
+cut short is resumed by the browser itself with Last-Event-ID.
+"""
+
+from __future__ import annotations
+
+import os
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
+
+import pytest
+from django.contrib.auth.models import User
+from django.db import connections
+
+from tasks_app import selectors
+from tasks_app.models import Task, TaskEvent, TaskStatus
+from tests.support.waiting import wait_until
+from tests.test_worker import create, wait_for_status
+
+CHROMIUM = Path("/usr/bin/chromium")
+TEXT = "document.getElementById('lmsp-live-text').textContent"
+STATUS = "document.getElementById('lmsp-live-status').textContent"
+CURSOR_ABOVE = "n => parseInt(document.getElementById('lmsp-output').dataset.cursor, 10) > n"
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def page(monkeypatch) -> Iterator:
+    if not CHROMIUM.exists():
+        reason = f"{CHROMIUM} is missing (apt-get install chromium; .ci/run installs it)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{reason}: the browser test must run under CI")
+        pytest.skip(reason)
+    from playwright.sync_api import sync_playwright
+
+    # Playwright's sync API keeps an asyncio loop in this thread, and Django
+    # then refuses ORM calls; nothing here runs concurrently with them.
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=["--no-sandbox"])
+        try:
+            tab = browser.new_page()
+            # A deadline against a hang, not a speed claim.
+            tab.set_default_timeout(60_000)
+            tab.problems = []
+            tab.on("pageerror", lambda error: tab.problems.append(f"page error: {error}"))
+            tab.on("console", lambda msg: _console_problem(tab, msg))
+            yield tab
+        finally:
+            browser.close()
+            # While the loop runs, Django keys its connections to the loop's
+            # context: close the ones the test opened, or PostgreSQL keeps a
+            # session on the test database and it cannot be dropped.
+            connections.close_all()
+
+
+def _console_problem(tab, message) -> None:
+    # The browser's own /favicon.ico request is no page's doing (there is none).
+    if message.type == "error" and not message.location.get("url", "").endswith("/favicon.ico"):
+        tab.problems.append(f"console: {message.text} ({message.location.get('url')})")
+
+
+def assert_static_served(base: str) -> None:
+    """The live pane is a static file: say so plainly when /static/ serves nothing."""
+    try:
+        with urllib.request.urlopen(f"{base}/static/tasks_app/task_live.js", timeout=10) as reply:
+            assert b"EventSource" in reply.read()
+    except urllib.error.HTTPError as exc:
+        pytest.fail(
+            f"the server does not serve /static/ ({exc.code}); the admin needs its static files (docs/admin.md)"
+        )
+
+
+def text_length(tab) -> int:
+    return tab.evaluate(f"{TEXT}.length")
+
+
+def screen(tab) -> tuple[int, str]:
+    """The last event the text on screen accounts for, and that text, read at one instant."""
+    cursor, text = tab.evaluate(f"[document.getElementById('lmsp-output').dataset.cursor, {TEXT}]")
+    return int(cursor), text
+
+
+def watch_it_grow(tab) -> int:
+    tab.wait_for_function(f"{TEXT}.length > 0")
+    first = text_length(tab)
+    tab.wait_for_function(f"n => {TEXT}.length > n", arg=first)
+    second = text_length(tab)
+    assert second > first, tab.problems
+    return second
+
+
+def login(tab, base: str, path: str) -> None:
+    tab.goto(f"{base}/admin/login/?next={path}")
+    tab.fill("#id_username", "operator")
+    tab.fill("#id_password", "an operator password")
+    tab.click("input[type=submit]")
+    tab.wait_for_url(f"{base}{path}")
+
+
+def test_an_operator_watches_a_running_task_grow_and_cancels_it(api, running_worker, web_server, page):
+    assert_static_served(web_server.base)
+    User.objects.create_superuser("operator", "ops@example.org", "an operator password")
+    task = create(api, "Tell me a very long story", max_output_tokens=8000, seed=11)
+    wait_for_status(api, task["id"], {"running"})
+    detail = f"/admin/tasks_app/task/{task['id']}/change/"
+
+    login(page, web_server.base, detail)
+
+    # The page rendered the text committed so far; the stream appends the rest.
+    watch_it_grow(page)
+    assert page.evaluate(STATUS) == "running"
+    assert page.text_content("#lmsp-live-note") == "live output: connected", page.problems
+    # At every instant the text is the log's deltas up to the event shown:
+    # nothing doubled where the rendered text meets the stream, nothing lost.
+    cursor, text = screen(page)
+    assert text == selectors.task_output_text_until(task_id=task["id"], last_sequence=cursor)
+
+    # A reload renders a longer text and follows the stream after it.
+    page.reload()
+    watch_it_grow(page)
+    cursor, text = screen(page)
+    assert text == selectors.task_output_text_until(task_id=task["id"], last_sequence=cursor)
+    assert Task.objects.get(pk=task["id"]).status == TaskStatus.RUNNING
+
+    page.click("#lmsp-cancel")
+    page.wait_for_url(f"{web_server.base}{detail}")
+    # The reloaded page says cancelled at once, or cancelling until the
+    # worker's response.cancelled arrives on its stream.
+    page.wait_for_function(f"{STATUS} === 'cancelled'")
+
+    assert page.locator("#lmsp-cancel").is_hidden()
+    stored = Task.objects.select_related("response").get(pk=task["id"])
+    assert stored.status == TaskStatus.CANCELLED
+    assert stored.response.status == "cancelled"
+    assert page.evaluate(TEXT) == selectors.response_output_text(response=stored.response)
+    assert len(page.evaluate(TEXT)) > len(text)
+    assert page.problems == []
+
+
+def sse_frames(task_id: str, after: int, upto: int) -> str:
+    """The stream's frames for events after..upto, as the server sends them (from the database)."""
+    rows = TaskEvent.objects.filter(task_id=task_id, sequence_number__gt=after, sequence_number__lte=upto)
+    frames = [
+        f"id: {seq}\nevent: {kind}\ndata: {payload}\n\n"
+        for seq, kind, payload in rows.order_by("sequence_number").values_list("sequence_number", "type", "payload")
+    ]
+    # A short reconnection delay (an SSE field), so the test does not wait the default 3 s.
+    return "retry: 100\n\n" + "".join(frames)
+
+
+def test_a_dropped_stream_resumes_after_the_last_event_shown(api, running_worker, web_server, page):
+    """The first connection ends after 30 events (as a proxy or a network cut
+    would end it): the browser reconnects by itself with Last-Event-ID, the
+    server continues after that event, and no delta is shown twice or lost."""
+    assert_static_served(web_server.base)
+    User.objects.create_superuser("operator", "ops@example.org", "an operator password")
+    task = create(api, "Tell me a very long story", max_output_tokens=8000, seed=5)
+    wait_for_status(api, task["id"], {"running"})
+    cut = 30
+    route_pattern = "**/lmsp/v1/tasks/*/events*"
+    connections_made = []
+    page.on("request", lambda request: "/events" in request.url and connections_made.append(request))
+
+    def frames_after(after: int) -> str:
+        try:
+            wait_until(
+                lambda: Task.objects.get(pk=task["id"]).last_sequence >= after + cut,
+                what=f"task {task['id']} never reached event {after + cut}",
+            )
+            return sse_frames(task["id"], after, after + cut)
+        finally:
+            connections.close_all()
+
+    def first_connection(route) -> None:
+        # The real events after the page's cursor, then the end of the body.
+        after = int(parse_qs(urlsplit(route.request.url).query)["starting_after"][0])
+        # Read in a thread of its own: a connection opened in Playwright's
+        # callback would stay open on the test database.
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            body = pool.submit(frames_after, after).result()
+        route.fulfill(status=200, content_type="text/event-stream", body=body)
+        # The reconnect goes to the real server, untouched.
+        page.unroute(route_pattern)
+
+    page.route(route_pattern, first_connection)
+    login(page, web_server.base, f"/admin/tasks_app/task/{task['id']}/change/")
+    page.wait_for_function(CURSOR_ABOVE, arg=0)
+    start = int(parse_qs(urlsplit(connections_made[0].url).query)["starting_after"][0])
+    page.wait_for_function(CURSOR_ABOVE, arg=start + cut)
+
+    assert len(connections_made) == 2, [request.url for request in connections_made]
+    reconnect = connections_made[1]
+    assert reconnect.url == connections_made[0].url
+    # It names the last event the first connection delivered; the server
+    # prefers that to the URL's older cursor.
+    assert reconnect.all_headers().get("last-event-id") == str(start + cut)
+    watch_it_grow(page)
+    cursor, text = screen(page)
+    assert text == selectors.task_output_text_until(task_id=task["id"], last_sequence=cursor)
+    assert page.evaluate(STATUS) == "running"
+    assert page.text_content("#lmsp-live-note") == "live output: connected"
+    assert page.problems == []
