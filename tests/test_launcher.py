@@ -1,0 +1,423 @@
+"""scripts/quickstart, the README's one command, run as a user runs it.
+
+Each test starts the launcher in its own process group on a free port with
+data and models folders of its own (a fresh SQLite file, or a PostgreSQL
+database of its own on the PostgreSQL run), lets it build the demo model,
+serves a task end to end over HTTP, and stops it the way a terminal's Ctrl-C
+or a service manager's SIGTERM does: every process it started must be gone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import sqlite3
+import subprocess
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.conf import settings
+from django.db import connection
+
+from tests.conftest import REDIS_PREFIX
+from tests.support.server import REPO, free_port
+from tests.support.waiting import wait_until
+
+pytestmark = pytest.mark.slow
+
+QUICKSTART = REPO / "scripts" / "quickstart"
+# Variables of the test run that must not reach the launcher: it derives
+# queues from its own prefix and picks its own database.
+DROPPED_ENV = ("DATABASE_URL", "LMSP_TASK_QUEUE", "LMSP_MAINTENANCE_QUEUE", "LMSP_TEST_SQLITE_PATH")
+FINISHED = {"succeeded", "failed", "cancelled"}
+# The Celery nodes of the Procfile, as honcho names their output.
+NODES = ("worker.1", "beat.1")
+
+
+def process_lines(log: str, name: str) -> list[str]:
+    """honcho's lines (``HH:MM:SS name | text``) of one process."""
+    lines = []
+    for line in log.splitlines():
+        prefix, bar, text = line.partition(" | ")
+        if bar and prefix[:2].isdigit() and prefix.split()[-1] == name:
+            lines.append(text)
+    return lines
+
+
+def _answers(port: int) -> bool:
+    with socket.socket() as sock:
+        sock.settimeout(0.5)
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _redis_port(url: str) -> int:
+    hostport = url.split("://", 1)[1].split("/", 1)[0].rsplit("@", 1)[-1]
+    return int(hostport.rsplit(":", 1)[1]) if ":" in hostport else 6379
+
+
+@dataclass(frozen=True)
+class ProcInfo:
+    pid: int
+    start_time: str
+    cmdline: str
+
+
+def _stat(pid: int) -> tuple[int, str, str] | None:
+    """(parent pid, start time, state) of a process, None when it is gone."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    # The command name may hold spaces and parentheses; fields follow the last ")".
+    fields = raw[raw.rindex(")") + 2 :].split()
+    return int(fields[1]), fields[19], fields[0]
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return ""
+
+
+def descendants(root: int) -> list[ProcInfo]:
+    """Every live process below ``root`` (children, grandchildren, ...)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and (stat := _stat(int(entry))) is not None:
+            children.setdefault(stat[0], []).append(int(entry))
+    found: list[ProcInfo] = []
+    todo = list(children.get(root, []))
+    while todo:
+        pid = todo.pop()
+        stat = _stat(pid)
+        if stat is not None and stat[2] != "Z":
+            found.append(ProcInfo(pid, stat[1], _cmdline(pid)))
+        todo.extend(children.get(pid, []))
+    return found
+
+
+def alive(proc: ProcInfo) -> bool:
+    """The same process (not a reused pid) still exists and is not a zombie."""
+    stat = _stat(proc.pid)
+    return stat is not None and stat[1] == proc.start_time and stat[2] != "Z"
+
+
+@dataclass
+class Launcher:
+    env: dict[str, str]
+    log_path: Path
+    data_dir: Path
+    proc: subprocess.Popen | None = None
+    tokens: list[str] = field(default_factory=list)
+
+    @property
+    def base(self) -> str:
+        return f"http://127.0.0.1:{self.env['LMSP_PORT']}"
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def start(self) -> None:
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(
+                [str(QUICKSTART)],
+                cwd=REPO,
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+
+        def api_answers() -> bool:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"quickstart exited ({self.proc.returncode}):\n{self.log()[-6000:]}")
+            try:
+                with urllib.request.urlopen(self.base + "/lmsp/v1/capabilities", timeout=2):
+                    return True
+            except OSError:
+                return False
+
+        wait_until(api_answers, what=lambda: f"the API never answered:\n{self.log()[-6000:]}", timeout=120)
+        wait_until(
+            lambda: all(any("ready." in line for line in process_lines(self.log(), name)) for name in NODES),
+            what=lambda: f"the worker and the maintenance node never became ready:\n{self.log()[-6000:]}",
+            timeout=60,
+        )
+
+    @property
+    def token(self) -> str:
+        return (self.data_dir / "local-token").read_text().strip()
+
+    def call(self, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None) -> dict[str, Any]:
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(
+            self.base + path,
+            data=data,
+            method=method,
+            headers={"Authorization": f"Bearer {self.token}", "Content-Type": "application/json", **(headers or {})},
+        )
+        with urllib.request.urlopen(request, timeout=30) as reply:
+            return json.loads(reply.read())
+
+    def create(self, *, tokens: int, policy: str = "fail") -> str:
+        headers = {"Idempotency-Key": str(uuid.uuid4())}
+        body = {
+            "type": "response",
+            "input": {"model": "demo", "input": "Hello", "max_output_tokens": tokens},
+            "on_restart": policy,
+        }
+        return self.call("POST", "/lmsp/v1/tasks", body, headers)["id"]
+
+    def task(self, task_id: str) -> dict[str, Any]:
+        return self.call("GET", f"/lmsp/v1/tasks/{task_id}")
+
+    def wait_for(self, task_id: str, statuses: set[str]) -> dict[str, Any]:
+        def probe() -> dict[str, Any] | None:
+            task = self.task(task_id)
+            return task if task["status"] in statuses else None
+
+        return wait_until(probe, what=lambda: f"task {task_id} never reached {statuses}:\n{self.log()[-4000:]}")
+
+    def stop(self, sig: signal.Signals, *, group: bool) -> list[ProcInfo]:
+        """Send ``sig`` (to the launcher's process group, as a terminal's Ctrl-C does, or
+        to its pid alone, as ``kill`` does); wait for it to exit; return what it had started."""
+        started = descendants(self.proc.pid)
+        if group:
+            os.killpg(self.proc.pid, sig)
+        else:
+            os.kill(self.proc.pid, sig)
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"quickstart did not exit on {sig.name}:\n{self.log()[-6000:]}") from None
+        return started
+
+    def kill(self) -> None:
+        """Clean-up after a failed test: nothing of the launcher may outlive it."""
+        if self.proc is None:
+            return
+        leftovers = descendants(self.proc.pid) if self.proc.poll() is None else []
+        for pgid in {os.getpgid(p.pid) for p in leftovers if alive(p)} | {self.proc.pid}:
+            try:
+                os.killpg(pgid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        self.proc.wait()
+        pidfile = self.data_dir / "quickstart-redis.pid"
+        if pidfile.exists():
+            try:
+                os.kill(int(pidfile.read_text()), signal.SIGKILL)
+            except (ProcessLookupError, ValueError):
+                pass
+
+
+@pytest.fixture
+def launcher_database() -> Iterator[str | None]:
+    """None on the SQLite run (the launcher makes a fresh file in its data folder);
+    on PostgreSQL a database of the launcher's own, dropped afterwards."""
+    if connection.vendor != "postgresql":
+        yield None
+        return
+    import psycopg
+
+    sd = settings.DATABASES["default"]
+    name = f"{sd['NAME']}_quickstart_{os.getpid()}"
+    params = {
+        "host": sd.get("HOST") or "127.0.0.1",
+        "port": sd.get("PORT") or 5432,
+        "user": sd.get("USER") or None,
+        "password": sd.get("PASSWORD") or None,
+        "dbname": "postgres",
+        "autocommit": True,
+    }
+    with psycopg.connect(**params) as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}"')
+        admin.execute(f'CREATE DATABASE "{name}"')
+    auth = sd.get("USER") or ""
+    if sd.get("PASSWORD"):
+        auth += f":{sd['PASSWORD']}"
+    try:
+        yield f"postgres://{auth}@{params['host']}:{params['port']}/{name}"
+    finally:
+        with psycopg.connect(**params) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def launcher(tmp_path: Path, launcher_database: str | None, request: pytest.FixtureRequest) -> Iterator[Launcher]:
+    env = {key: value for key, value in os.environ.items() if key not in DROPPED_ENV}
+    env.update(
+        {
+            "LMSP_HOST": "127.0.0.1",
+            "LMSP_PORT": str(free_port()),
+            "LMSP_DATA_DIR": str(tmp_path / "data"),
+            "LMSP_MODELS_DIR": str(tmp_path / "models"),
+            "LMSP_REDIS_PREFIX": f"{REDIS_PREFIX}-qs-{request.node.name}",
+            "REDIS_URL": settings.REDIS_URL,
+            "LMSP_RECOVER_INSPECT_SECONDS": "0.5",
+        }
+    )
+    if launcher_database:
+        env["DATABASE_URL"] = launcher_database
+    started = Launcher(env=env, log_path=tmp_path / "quickstart.log", data_dir=tmp_path / "data")
+    try:
+        yield started
+    finally:
+        started.kill()
+
+
+def task_row(launcher: Launcher, task_id: str) -> dict[str, Any]:
+    """The task as stored (the API shows no attempts, and none answers while the launcher is stopped)."""
+    url = launcher.env.get("DATABASE_URL")
+    query = "SELECT status, error, attempts FROM tasks WHERE id = {}"
+    if url is None:
+        db = sqlite3.connect(launcher.data_dir / "lmsp.sqlite3")
+        try:
+            status, error, attempts = db.execute(query.format("?"), (task_id,)).fetchone()
+        finally:
+            db.close()
+    else:
+        import psycopg
+
+        with psycopg.connect(url.replace("postgres://", "postgresql://", 1)) as db:
+            status, error, attempts = db.execute(query.format("%s"), (task_id,)).fetchone()
+    if isinstance(error, str):
+        error = json.loads(error)
+    return {"status": status, "error": error, "attempts": attempts}
+
+
+def serve_one_task(launcher: Launcher) -> None:
+    """A task on the demo model, end to end over HTTP, run by the Procfile's worker."""
+    task_id = launcher.create(tokens=12)
+    task = launcher.wait_for(task_id, FINISHED)
+    assert task["status"] == "succeeded", task
+    text = "".join(part.get("text", "") for item in task["response"]["output"] for part in item.get("content") or [])
+    assert text
+    wait_until(
+        lambda: any(f"task {task_id} claimed by" in line for line in process_lines(launcher.log(), "worker.1")),
+        what=lambda: f"no worker.1 line about {task_id}:\n{launcher.log()[-4000:]}",
+    )
+
+
+def assert_prefixed_logs(log: str) -> None:
+    """Each Procfile process's own output reaches the terminal under its name."""
+    assert any("Uvicorn running on" in line for line in process_lines(log, "web.1")), log[-4000:]
+    for name in NODES:
+        assert any("ready." in line for line in process_lines(log, name)), (name, log[-4000:])
+    assert any("web.1 started" in line for line in process_lines(log, "system")), log[-4000:]
+
+
+def start_long_task(launcher: Launcher, policy: str) -> str:
+    """A task that is generating when the test stops the launcher (8,000 tokens take seconds)."""
+    task_id = launcher.create(tokens=8000, policy=policy)
+    task = launcher.wait_for(task_id, {"running"} | FINISHED)
+    assert task["status"] == "running", task
+    return task_id
+
+
+def assert_all_gone(started: list[ProcInfo], launcher: Launcher) -> None:
+    wait_until(
+        lambda: not [p for p in started if alive(p)],
+        what=lambda: f"left running: {[p.cmdline for p in started if alive(p)]}\n{launcher.log()[-4000:]}",
+        timeout=15,
+    )
+
+
+def test_quickstart_serves_a_task_and_ctrl_c_stops_everything_with_its_own_redis(launcher: Launcher):
+    # Nothing answers on this port: the launcher starts a redis-server of its own.
+    redis_port = free_port()
+    launcher.env["REDIS_URL"] = f"redis://127.0.0.1:{redis_port}/0"
+    launcher.start()
+    assert "ensure-redis: started redis-server" in launcher.log()
+    # The demo model was missing: the launcher built and registered it.
+    assert "registered demo" in launcher.log()
+    assert (Path(launcher.env["LMSP_MODELS_DIR"]) / "demo" / "model.onnx").is_file()
+    assert "lmsp_recover: live workers: none" in launcher.log()
+
+    serve_one_task(launcher)
+    assert_prefixed_logs(launcher.log())
+    long_task = start_long_task(launcher, "fail")
+
+    redis_pid = int((launcher.data_dir / "quickstart-redis.pid").read_text())
+    redis_stat = _stat(redis_pid)
+    started = launcher.stop(signal.SIGINT, group=True)
+    commands = " ".join(p.cmdline for p in started)
+    assert "uvicorn" in commands and "--pool prefork" in commands and "--beat" in commands
+    assert launcher.proc.returncode == 130
+    assert_all_gone([*started, ProcInfo(redis_pid, redis_stat[1], "redis-server")], launcher)
+    assert not _answers(redis_port)
+    assert "SIGINT received" in launcher.log()
+    assert "quickstart: stopping the redis-server it started" in launcher.log()
+    # The generation cut short ended as its policy says, right away.
+    row = task_row(launcher, long_task)
+    assert row["status"] == "failed" and row["error"]["code"] == "server_restarted", row
+
+
+def test_quickstart_stops_on_sigterm_and_the_next_start_reruns_the_interrupted_task(launcher: Launcher):
+    redis_port = _redis_port(launcher.env["REDIS_URL"])
+    launcher.start()
+    assert "ensure-redis: started" not in launcher.log()
+    serve_one_task(launcher)
+    long_task = start_long_task(launcher, "retry")
+
+    started = launcher.stop(signal.SIGTERM, group=False)
+    assert launcher.proc.returncode == 143
+    assert_all_gone(started, launcher)
+    # A Redis it did not start is left alone.
+    assert _answers(redis_port)
+    first_token = launcher.token
+    interrupted = task_row(launcher, long_task)
+
+    # Its policy (retry) put it back in the queue at once; the next start runs it again.
+    assert interrupted["status"] == "queued" and interrupted["attempts"] == 1, interrupted
+
+    launcher.start()
+    assert launcher.token == first_token  # the client of the first start is still good
+    task = launcher.wait_for(long_task, FINISHED)
+    assert task["status"] == "succeeded", task
+    assert task_row(launcher, long_task)["attempts"] == 2
+    started = launcher.stop(signal.SIGTERM, group=False)
+    assert_all_gone(started, launcher)
+
+
+def test_quickstart_without_redis_says_how_to_get_it(tmp_path: Path):
+    # A PATH with everything but redis-server.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for directory in os.environ.get("PATH", "").split(os.pathsep):
+        if not os.path.isdir(directory):
+            continue
+        for name in os.listdir(directory):
+            target = bin_dir / name
+            if name != "redis-server" and not target.exists():
+                target.symlink_to(os.path.join(directory, name))
+    assert shutil.which("redis-server", path=str(bin_dir)) is None
+    env = {key: value for key, value in os.environ.items() if key not in DROPPED_ENV}
+    env.update(
+        {
+            "PATH": str(bin_dir),
+            "REDIS_URL": f"redis://127.0.0.1:{free_port()}/0",
+            "LMSP_DATA_DIR": str(tmp_path / "data"),
+            "LMSP_MODELS_DIR": str(tmp_path / "models"),
+        }
+    )
+    done = subprocess.run(
+        [str(QUICKSTART)], cwd=REPO, env=env, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL
+    )
+    assert done.returncode != 0
+    assert "redis-server is not installed" in done.stderr
+    assert "apt-get install redis-server" in done.stderr and "brew install redis" in done.stderr
+    # It stopped before touching anything: no database, no model.
+    assert not (tmp_path / "data" / "lmsp.sqlite3").exists()
+    assert not (tmp_path / "models").exists()
