@@ -101,6 +101,12 @@ DATA_DIR = _env_path("LMSP_DATA_DIR", BASE_DIR / "data")
 DEFAULT_SQLITE_PATH = DATA_DIR / "lmsp.sqlite3"
 DATABASE_URL = os.environ.get("DATABASE_URL") or f"sqlite:///{DEFAULT_SQLITE_PATH}"
 SQLITE_BUSY_TIMEOUT_SECONDS = _env_int("LMSP_SQLITE_BUSY_TIMEOUT_SECONDS", 30)
+# NORMAL (WAL): a commit survives a crash of any process, the last ones may
+# roll back on a power loss; FULL also survives that, at about 3x the cost
+# per commit (docs/scaling.md).
+SQLITE_SYNCHRONOUS = os.environ.get("LMSP_SQLITE_SYNCHRONOUS", "NORMAL").strip().upper()
+if SQLITE_SYNCHRONOUS not in {"NORMAL", "FULL"}:
+    raise ImproperlyConfigured(f"LMSP_SQLITE_SYNCHRONOUS must be NORMAL or FULL, got {SQLITE_SYNCHRONOUS!r}")
 
 _db = dj_database_url.parse(DATABASE_URL, conn_max_age=_env_int("LMSP_DB_CONN_MAX_AGE", 60))
 if _db["ENGINE"] == "django.db.backends.sqlite3":
@@ -115,7 +121,7 @@ if _db["ENGINE"] == "django.db.backends.sqlite3":
         "timeout": SQLITE_BUSY_TIMEOUT_SECONDS,
         "init_command": (
             "PRAGMA journal_mode=WAL;"
-            "PRAGMA synchronous=NORMAL;"
+            f"PRAGMA synchronous={SQLITE_SYNCHRONOUS};"
             f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_SECONDS * 1000};"
         ),
     }
