@@ -196,9 +196,11 @@ def test_a_dropped_stream_resumes_after_the_last_event_shown(api, running_worker
         page.unroute(route_pattern)
 
     page.route(route_pattern, first_connection)
-    login(page, web_server.base, f"/admin/tasks_app/task/{task['id']}/change/")
-    page.wait_for_function(CURSOR_ABOVE, arg=0)
-    start = int(parse_qs(urlsplit(connections_made[0].url).query)["starting_after"][0])
+    # Wait for the stream's request itself: the page's cursor is above 0
+    # from the start (it embeds the text of a running task).
+    with page.expect_request(lambda request: "/events" in request.url) as first_request:
+        login(page, web_server.base, f"/admin/tasks_app/task/{task['id']}/change/")
+    start = int(parse_qs(urlsplit(first_request.value.url).query)["starting_after"][0])
     page.wait_for_function(CURSOR_ABOVE, arg=start + cut)
 
     assert len(connections_made) == 2, [request.url for request in connections_made]
