@@ -457,6 +457,24 @@ def test_delete_on_tasks_is_405(api):
     assert counts() == before
 
 
+@pytest.mark.parametrize(
+    ("path", "served"),
+    [
+        (TASKS, {"GET", "HEAD", "POST"}),
+        (f"{TASKS}/task_unknown", {"GET", "HEAD"}),
+        (f"{TASKS}/task_unknown/cancel", {"POST"}),
+        ("/lmsp/v1/models", {"GET", "HEAD"}),
+        ("/lmsp/v1/capabilities", {"GET", "HEAD"}),
+    ],
+)
+def test_a_405_names_exactly_the_methods_that_are_served(api, path, served):
+    # OPTIONS is refused (the OpenAPI schema describes the API), so Allow must not offer it.
+    for method in ("options", "delete", "patch"):
+        reply = getattr(api.http, method)(path, headers=api._headers(None))
+        assert_problem(reply, 405, "method_not_allowed")
+        assert {m.strip() for m in reply["Allow"].split(",")} == served
+
+
 def test_put_on_a_task_is_405(api):
     task = post_task(api, request_with()).json()
     reply = api.http.put(

@@ -54,6 +54,12 @@ class ScopedAPIView(APIView):
     scopes_by_method: dict[str, tuple[str, ...] | None] = {}
 
     @property
+    def allowed_methods(self) -> list[str]:
+        # DRF offers OPTIONS on every view, but without a metadata class it
+        # answers 405: the ``Allow`` of every answer must not list it.
+        return [method for method in super().allowed_methods if method != "OPTIONS"]
+
+    @property
     def required_scopes(self) -> tuple[str, ...] | None:
         method = "GET" if self.request.method == "HEAD" else self.request.method
         if method in self.scopes_by_method:
