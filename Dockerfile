@@ -50,7 +50,7 @@ WORKDIR /app
 # service writes goes to /data and /models (volumes in docker-compose.yml,
 # which take this ownership when Docker first fills them).
 COPY . /app
-RUN /app/.venv/bin/python -m compileall -q lmsp_project tasks_app workers
+RUN /app/.venv/bin/python -m compileall -q lmsp_project tasks_app workers fixture_models
 ENV PATH=/app/.venv/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \

@@ -30,22 +30,22 @@ def main() -> None:
 
     from tasks_app import lifecycle
     from tasks_app.exceptions import ServerRestarted
-    from tasks_app.models import Task, TaskEvent, TaskStatus
+    from tasks_app.models import Task, TaskEvent
     from tasks_app.services.clients import client_create
     from tasks_app.services.retention import retention_cleanup
 
-    S = TaskStatus
     client, _ = client_create(name="bench", scopes="read")
-    delta = ("response.output_text.delta", {"delta": "x"})
     started = time.perf_counter()
     ids = []
     with transaction.atomic():
         for _ in range(args.tasks):
             task = lifecycle.task_insert(client=client, request={"model": "demo", "input": "x"}, model="demo")
-            lifecycle.task_transition(task_id=task.id, to=S.LOADING)
-            lifecycle.task_transition(task_id=task.id, to=S.RUNNING)
-            lifecycle.task_append_events(task_id=task.id, events=[delta] * args.events)
-            lifecycle.task_transition(task_id=task.id, to=S.FAILED, error=ServerRestarted("bench").to_problem())
+            lifecycle.task_claim(task_id=task.id, worker="bench/1")
+            lifecycle.task_start(task_id=task.id, worker="bench/1", item_id="msg_bench")
+            lifecycle.task_progress(
+                task_id=task.id, worker="bench/1", item_id="msg_bench", deltas=["x"] * args.events, output_tokens=0
+            )
+            lifecycle.task_fail(task_id=task.id, error=ServerRestarted("bench").to_problem())
             ids.append(task.id)
         Task.objects.filter(pk__in=ids[::2]).update(updated_at=timezone.now() - timedelta(days=8))
     if connection.vendor == "postgresql":

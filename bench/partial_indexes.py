@@ -64,18 +64,12 @@ def main() -> None:
     from tasks_app import lifecycle
     from tasks_app.exceptions import ServerRestarted
     from tasks_app.ids import new_response_id, new_task_id
-    from tasks_app.models import (
-        ACTIVE_TASK_STATUSES,
-        TERMINAL_TASK_STATUSES,
-        Response,
-        ResponseStatus,
-        Task,
-        TaskStatus,
-    )
+    from tasks_app.models import Response, Task
     from tasks_app.querying import status_in
     from tasks_app.services.clients import client_create
     from tasks_app.services.dispatch import SWEEP_BATCH
     from tasks_app.services.recovery import _FIELDS
+    from tasks_app.states import ACTIVE, HELD, ORPHANABLE, TERMINAL, ResponseStatus, TaskStatus, in_declaration_order
 
     S = TaskStatus
     clients = [client_create(name=f"bench-{n}", scopes="responses,read")[0] for n in range(args.clients)]
@@ -92,7 +86,7 @@ def main() -> None:
     for first in range(0, args.finished, chunk):
         responses, tasks = [], []
         for n in range(first, min(first + chunk, args.finished)):
-            status = TERMINAL_TASK_STATUSES[n % 3]
+            status = in_declaration_order(TERMINAL)[n % 3]
             at = now - timedelta(days=30) + timedelta(days=30) * n / args.finished
             client = clients[n % len(clients)]
             response = Response(
@@ -130,14 +124,15 @@ def main() -> None:
             unfinished.append(task.id)
             if n < args.queued:
                 continue
-            claim = {"worker": "gone@host/1", "heartbeat_at": stale, "attempts": 1}
-            lifecycle.task_transition(task_id=task.id, to=S.LOADING, task_changes=claim)
+            lifecycle.task_claim(task_id=task.id, worker="gone@host/1")
+            Task.objects.filter(pk=task.id).update(heartbeat_at=stale)
             kind = n % 4
             if kind == 0:
                 continue  # loading
-            lifecycle.task_transition(task_id=task.id, to=S.RUNNING, holder="gone@host/1")
+            lifecycle.task_start(task_id=task.id, worker="gone@host/1", item_id=f"msg_{n}")
+            Task.objects.filter(pk=task.id).update(heartbeat_at=stale)
             if kind == 1:
-                lifecycle.task_transition(task_id=task.id, to=S.CANCELLING)
+                lifecycle.task_request_cancel(task_id=task.id)
             elif kind == 2:
                 # Recovered for a resume and not adopted yet: waits for the sweeper.
                 Task.objects.filter(pk=task.id).update(worker="", heartbeat_at=None)
@@ -155,9 +150,11 @@ def main() -> None:
     cutoff = now - timedelta(days=7)  # retention: three weeks of the month expired
     reap_before = now - timedelta(minutes=1)
     sweep_before = now - timedelta(seconds=30)
-    held = tuple(lifecycle.HELD)
+    held = in_declaration_order(HELD)
     # Where retention's chunks of expired tasks (for their events) are halfway through.
-    expired = Task.objects.filter(status__in=TERMINAL_TASK_STATUSES, updated_at__lt=cutoff).order_by("updated_at", "pk")
+    expired = Task.objects.filter(status__in=in_declaration_order(TERMINAL), updated_at__lt=cutoff).order_by(
+        "updated_at", "pk"
+    )
     middle = expired.values_list("updated_at", "pk")[expired.count() // 2]
     cases: list[tuple[str, Callable[[Any], Any], Callable[[], Any], Callable[[], Any]]] = [
         (
@@ -170,11 +167,11 @@ def main() -> None:
             "recovery: first page",
             list,
             lambda: (
-                Task.objects.filter(status__in=ACTIVE_TASK_STATUSES, id__gt="").order_by("id").values(*_FIELDS)[:500]
+                Task.objects.filter(status__in=in_declaration_order(ACTIVE), id__gt="")
+                .order_by("id")
+                .values(*_FIELDS)[:500]
             ),
-            lambda: (
-                Task.objects.filter(status_in(ACTIVE_TASK_STATUSES), id__gt="").order_by("id").values(*_FIELDS)[:500]
-            ),
+            lambda: Task.objects.filter(status_in(ACTIVE), id__gt="").order_by("id").values(*_FIELDS)[:500],
         ),
         (
             "reaper: first page",
@@ -195,14 +192,14 @@ def main() -> None:
             list,
             lambda: (
                 Task.objects.filter(
-                    Q(status=S.QUEUED) | Q(status__in=lifecycle.ORPHANABLE, worker=""), updated_at__lte=sweep_before
+                    Q(status=S.QUEUED) | Q(status__in=ORPHANABLE, worker=""), updated_at__lte=sweep_before
                 )
                 .order_by("id")
                 .values_list("id", flat=True)[:SWEEP_BATCH]
             ),
             lambda: (
                 Task.objects.filter(
-                    status_in([S.QUEUED, *lifecycle.ORPHANABLE]),
+                    status_in([S.QUEUED, *ORPHANABLE]),
                     Q(status=S.QUEUED) | Q(worker=""),
                     updated_at__lte=sweep_before,
                 )
@@ -214,12 +211,12 @@ def main() -> None:
             "retention: first page",
             list,
             lambda: (
-                Task.objects.filter(status__in=TERMINAL_TASK_STATUSES, updated_at__lt=cutoff)
+                Task.objects.filter(status__in=in_declaration_order(TERMINAL), updated_at__lt=cutoff)
                 .order_by("updated_at", "pk")
                 .values_list("pk", "response_id")[:500]
             ),
             lambda: (
-                Task.objects.filter(status_in(TERMINAL_TASK_STATUSES), updated_at__lt=cutoff)
+                Task.objects.filter(status_in(TERMINAL), updated_at__lt=cutoff)
                 .order_by("updated_at", "pk")
                 .values_list("pk", "response_id")[:500]
             ),
@@ -228,13 +225,13 @@ def main() -> None:
             "retention: events' chunk",
             list,
             lambda: (
-                Task.objects.filter(status__in=TERMINAL_TASK_STATUSES, updated_at__lt=cutoff)
+                Task.objects.filter(status__in=in_declaration_order(TERMINAL), updated_at__lt=cutoff)
                 .filter(Q(updated_at__gt=middle[0]) | Q(updated_at=middle[0], pk__gt=middle[1]))
                 .order_by("updated_at", "pk")
                 .values_list("updated_at", "pk")[:500]
             ),
             lambda: (
-                Task.objects.filter(status_in(TERMINAL_TASK_STATUSES), updated_at__lt=cutoff)
+                Task.objects.filter(status_in(TERMINAL), updated_at__lt=cutoff)
                 .filter(updated_at__gte=middle[0])
                 .filter(Q(updated_at__gt=middle[0]) | Q(updated_at=middle[0], pk__gt=middle[1]))
                 .order_by("updated_at", "pk")
@@ -245,14 +242,14 @@ def main() -> None:
             "metrics: active GROUP BY",
             lambda q: sorted(q),
             lambda: (
-                Task.objects.filter(status__in=ACTIVE_TASK_STATUSES)
+                Task.objects.filter(status__in=in_declaration_order(ACTIVE))
                 .values("status")
                 .annotate(n=Count("id"))
                 .order_by()
                 .values_list("status", "n")
             ),
             lambda: (
-                Task.objects.filter(status_in(ACTIVE_TASK_STATUSES))
+                Task.objects.filter(status_in(ACTIVE))
                 .values("status")
                 .annotate(n=Count("id"))
                 .order_by()

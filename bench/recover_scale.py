@@ -33,32 +33,30 @@ def main() -> None:
 
     from tasks_app import lifecycle
     from tasks_app.exceptions import ServerRestarted
-    from tasks_app.models import RestartPolicy, Task, TaskStatus
+    from tasks_app.models import Task
     from tasks_app.notify import redis_client
     from tasks_app.services.clients import client_create
     from tasks_app.services.recovery import LiveWorkers, leftover_tasks_recover
+    from tasks_app.states import RestartPolicy
 
-    S = TaskStatus
     client, _ = client_create(name="bench", scopes="responses,read")
     policies = list(RestartPolicy)
     started = time.perf_counter()
     with transaction.atomic():
         for _ in range(args.finished):
             task = lifecycle.task_insert(client=client, request={"model": "demo", "input": "x"}, model="demo")
-            lifecycle.task_transition(task_id=task.id, to=S.FAILED, error=ServerRestarted("old").to_problem())
+            lifecycle.task_fail(task_id=task.id, error=ServerRestarted("old").to_problem())
         for n in range(args.leftover):
             task = lifecycle.task_insert(client=client, request={"model": "demo", "input": "x"}, model="demo")
             Task.objects.filter(pk=task.id).update(on_restart=policies[(n // 3) % 3])
             if n % 3 == 0:
                 continue  # queued
-            claim = {"worker": "gone@host/1", "heartbeat_at": timezone.now(), "attempts": 1}
-            lifecycle.task_transition(task_id=task.id, to=S.LOADING, task_changes=claim)
+            lifecycle.task_claim(task_id=task.id, worker="gone@host/1")
             if n % 3 == 2:
-                lifecycle.task_transition(
+                lifecycle.task_start(
                     task_id=task.id,
-                    to=S.RUNNING,
-                    holder="gone@host/1",
-                    events=[("response.output_item.added", {"output_index": 0, "item": {"id": f"msg_{n}"}})],
+                    worker="gone@host/1",
+                    item_id=f"msg_{n}",
                     snapshot={"token_ids": [], "state": {"item_id": f"msg_{n}", "backend": {}}},
                 )
     print(

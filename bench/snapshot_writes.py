@@ -30,11 +30,11 @@ def main() -> None:
     scratch = django_in_scratch("snapshot")
     from django.db import connection
 
+    from fixture_models.demo import build_demo_model
     from tasks_app import lifecycle
     from tasks_app.models import Task
     from tasks_app.services.clients import client_create
-    from tasks_app.services.models import model_scan
-    from workers.demo_model import build_demo_model
+    from tasks_app.services.model_scan import model_scan
     from workers.execution import task_execute
 
     build_demo_model(scratch / "models" / "demo", size="demo")

@@ -26,12 +26,15 @@ app.conf.imports = ("workers.tasks",)
 
 @app.on_after_finalize.connect
 def _schedule_maintenance(sender: Celery, **kwargs: object) -> None:
+    # Imported once the app is finalized: tasks_app.broker imports this module's app.
     from django.conf import settings
 
+    from tasks_app.broker import CLEANUP_TASK, REAP_TASK, SWEEP_TASK
+
     jobs = (
-        ("sweep waiting tasks", "lmsp.sweep_queued", settings.LMSP_SWEEP_INTERVAL_SECONDS),
-        ("reap abandoned tasks", "lmsp.reap_abandoned", settings.LMSP_REAP_INTERVAL_SECONDS),
-        ("retention cleanup", "lmsp.cleanup", settings.LMSP_CLEANUP_INTERVAL_SECONDS),
+        ("sweep waiting tasks", SWEEP_TASK, settings.LMSP_SWEEP_INTERVAL_SECONDS),
+        ("reap abandoned tasks", REAP_TASK, settings.LMSP_REAP_INTERVAL_SECONDS),
+        ("retention cleanup", CLEANUP_TASK, settings.LMSP_CLEANUP_INTERVAL_SECONDS),
     )
     for name, task, seconds in jobs:
         interval = float(seconds)

@@ -61,6 +61,7 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "drf_spectacular_sidecar",
     "tasks_app",
+    "fixture_models",
 ]
 
 MIDDLEWARE = [
@@ -167,10 +168,10 @@ SPECTACULAR_SETTINGS = {
     # is ambiguous, and JSON Schema validators reject null there.
     "OAS_VERSION": "3.1.0",
     # Adds the async stream views (not DRF views) and keeps only /lmsp/v1.
-    "DEFAULT_GENERATOR_CLASS": "tasks_app.api.schema.LmspSchemaGenerator",
-    # Security per operation, and every problem each operation answers (tasks_app/api/schema.py).
+    "DEFAULT_GENERATOR_CLASS": "tasks_app.api.schema_generator.LmspSchemaGenerator",
+    # Security per operation, and every problem each operation answers (tasks_app/api/schema_generator.py).
     # Without spectacular's enum hook enums stay inline: several unrelated fields are named "status".
-    "POSTPROCESSING_HOOKS": ["tasks_app.api.schema.lmsp_postprocess"],
+    "POSTPROCESSING_HOOKS": ["tasks_app.api.schema_generator.lmsp_postprocess"],
     "ENUM_GENERATE_CHOICE_DESCRIPTION": False,
     "SCHEMA_PATH_PREFIX": "/lmsp/v1",
     # The schema and its docs page are public: no authentication is even attempted.

@@ -1,7 +1,7 @@
 from django.contrib import admin
 from django.urls import include, path
 
-from tasks_app.api.metrics import metrics_view
+from tasks_app.api.metrics_view import metrics_view
 
 urlpatterns = [
     path("lmsp/v1/", include("tasks_app.api.urls")),

@@ -1,27 +1,31 @@
-"""The one owner of task state: status, sequence numbers, events, response status.
+"""The one owner of task state: every move a task makes is a named verb here.
 
-Every status change in the service goes through ``task_transition``: a
-compare-and-set ``UPDATE tasks SET status=... WHERE id=... AND status IN
-(sources)`` whose row count says who won, in the same transaction as the
-events the move implies and the response row's new state. Two writers racing
-(a cancel and a completion, a recovery and a worker) can therefore never both
-win, and a task never gets two terminal events (the database refuses that
-too). Callers learn the outcome from ``TransitionResult.won``.
+Each verb names its sources and target (``MOVES``, checked against chapter
+7.2's table in ``tasks_app.states`` when this module loads), sets its own
+columns and builds its own events (``tasks_app.events``). All of them run
+through one private compare-and-set, :func:`_apply`:
 
-Events are numbered here and nowhere else: ``tasks.last_sequence`` is bumped by
-the number of events inside the compare-and-set, so sequence numbers stay
-contiguous from 0 per task. A worker's snapshot (``snapshot=``, a mapping of
-``token_ids`` generated since the last one and the small ``state``) is
-appended in the same transaction as one ``TaskSnapshot`` row; a terminal
-move deletes those rows. A winning commit is announced on Redis only after
-it commits (``tasks_app.notify``).
+1. ``UPDATE tasks SET status=..., last_sequence=last_sequence+n, ... WHERE
+   id=... AND status IN (sources) [AND worker=holder] [AND heartbeat_at=seen]``;
+   the row count says who won, so two writers racing (a cancel and a
+   completion, a recovery and a worker) can never both win;
+2. the row read back (inside the transaction the row is ours: PostgreSQL's
+   row lock, SQLite's write lock), so the numbers are final;
+3. if it won: the response row's new state, the events numbered
+   ``last_sequence-n+1 .. last_sequence`` (contiguous from 0 per task), the
+   snapshot row appended (or the rows dropped when the task finishes or
+   starts over), and a wake-up published after the commit
+   (``tasks_app.notify``).
+
+Callers learn the outcome from ``TransitionResult.won``; nothing outside this
+module writes a task's status, sequence numbers or events
+(``tests/test_architecture.py`` checks).
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -29,73 +33,17 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
+from tasks_app import events, states
+from tasks_app.events import Event
 from tasks_app.exceptions import TaskNotFound, TransitionNotAllowed
 from tasks_app.ids import new_response_id, new_task_id
-from tasks_app.models import (
-    ACTIVE_TASK_STATUSES,
-    TERMINAL_TASK_STATUSES,
-    Client,
-    Response,
-    ResponseStatus,
-    RestartPolicy,
-    Task,
-    TaskEvent,
-    TaskSnapshot,
-    TaskStatus,
-    TaskType,
-)
+from tasks_app.models import Client, Response, Task, TaskEvent, TaskSnapshot, TaskType
 from tasks_app.notify import task_changed_on_commit
-from tasks_app.objects import message_item, response_object
 from tasks_app.selectors import task_output_text
+from tasks_app.states import ResponseStatus, RestartPolicy, TaskStatus
+from tasks_app.wire import message_item
 
 S = TaskStatus
-
-# Chapter 7.2, row for row. Terminal states have no moves.
-TRANSITIONS: Mapping[TaskStatus, frozenset[TaskStatus]] = {
-    S.QUEUED: frozenset({S.LOADING, S.CANCELLED, S.FAILED}),
-    S.LOADING: frozenset({S.RUNNING, S.CANCELLING, S.FAILED}),
-    S.RUNNING: frozenset({S.SUCCEEDED, S.FAILED, S.CANCELLING}),
-    S.CANCELLING: frozenset({S.CANCELLED}),
-    S.SUCCEEDED: frozenset(),
-    S.FAILED: frozenset(),
-    S.CANCELLED: frozenset(),
-}
-TERMINAL: frozenset[TaskStatus] = frozenset(TERMINAL_TASK_STATUSES)
-ACTIVE: frozenset[TaskStatus] = frozenset(ACTIVE_TASK_STATUSES)
-CANCELABLE_AT_ONCE: frozenset[TaskStatus] = frozenset({S.QUEUED})
-CANCELABLE_VIA_BACKEND: frozenset[TaskStatus] = frozenset({S.LOADING, S.RUNNING})
-
-# The response status each task status implies, where it implies one.
-_RESPONSE_STATUS: Mapping[TaskStatus, ResponseStatus] = {
-    S.QUEUED: ResponseStatus.QUEUED,
-    S.RUNNING: ResponseStatus.IN_PROGRESS,
-    S.FAILED: ResponseStatus.FAILED,
-    S.CANCELLED: ResponseStatus.CANCELLED,
-}
-_SUCCESS_EVENTS: Mapping[str, str] = {
-    ResponseStatus.COMPLETED: "response.completed",
-    ResponseStatus.INCOMPLETE: "response.incomplete",
-}
-
-
-class _Unset:
-    """The type of ``UNSET``: a keyword the caller did not pass (None is a value here)."""
-
-
-UNSET = _Unset()
-
-# Fields of the task row a caller may set alongside a move.
-_TASK_FIELDS = frozenset({"worker", "heartbeat_at", "attempts", "output_tokens"})
-_RESPONSE_FIELDS = frozenset({"status", "output", "usage", "incomplete_details"})
-
-
-def sources_for(to: TaskStatus) -> frozenset[TaskStatus]:
-    """Every status from which the table allows a move to ``to``."""
-    return frozenset(src for src, targets in TRANSITIONS.items() if to in targets)
-
-
-def is_allowed(source: TaskStatus, to: TaskStatus) -> bool:
-    return to in TRANSITIONS[TaskStatus(source)]
 
 
 @dataclass(frozen=True)
@@ -107,25 +55,187 @@ class TransitionResult:
     events: tuple[TaskEvent, ...] = ()
 
 
-def encode_event(event_type: str, sequence_number: int, fields: Mapping[str, Any]) -> str:
-    """The stored (and streamed) JSON of one event: type and number first."""
-    body = {"type": event_type, "sequence_number": sequence_number, **fields}
-    return json.dumps(body, ensure_ascii=False, separators=(",", ":"))
+@dataclass(frozen=True)
+class Move:
+    """A verb's move: from one of ``sources`` to ``to`` (None: the status stays)."""
+
+    sources: frozenset[TaskStatus]
+    to: TaskStatus | None = None
+
+    def narrowed(self, sources: Iterable[TaskStatus] | None) -> Move:
+        """The same move from fewer sources (a caller that knows the status it saw)."""
+        if sources is None:
+            return self
+        chosen = frozenset(TaskStatus(s) for s in sources)
+        refused = chosen - self.sources
+        if refused or not chosen:
+            raise TransitionNotAllowed(f"no move to {self.to or 'the same status'} from {sorted(refused) or 'nowhere'}")
+        return Move(chosen, self.to)
 
 
-def _event_rows(
-    task_id: str, first: int, specs: Sequence[tuple[str, Mapping[str, Any]]], now: datetime
-) -> list[TaskEvent]:
-    return [
+# The verbs of chapter 7.2 (recovery's moves, chapter 11.3, are task_recover's).
+MOVES: Mapping[str, Move] = {
+    "task_claim": Move(frozenset({S.QUEUED}), S.LOADING),
+    "task_adopt": Move(states.ORPHANABLE),
+    "task_start": Move(frozenset({S.LOADING}), S.RUNNING),
+    "task_progress": Move(frozenset({S.RUNNING})),
+    "task_heartbeat": Move(states.HELD),
+    "task_succeed": Move(frozenset({S.RUNNING}), S.SUCCEEDED),
+    "task_fail": Move(states.sources_for(S.FAILED), S.FAILED),
+    "task_cancel_queued": Move(states.CANCELABLE_AT_ONCE, S.CANCELLED),
+    "task_request_cancel": Move(states.CANCELABLE_VIA_BACKEND, S.CANCELLING),
+    "task_finish_cancel": Move(frozenset({S.CANCELLING}), S.CANCELLED),
+}
+
+
+def _check_moves(moves: Mapping[str, Move]) -> None:
+    # At import: a verb that chapter 7.2 does not allow is a programming error, found at once.
+    for name, move in moves.items():
+        allowed = states.ACTIVE if move.to is None else states.sources_for(move.to)
+        if not move.sources or not move.sources <= allowed:
+            raise TransitionNotAllowed(f"{name}: chapter 7.2 has no move {sorted(move.sources)} -> {move.to}")
+
+
+_check_moves(MOVES)
+
+
+class _Unset:
+    """The type of ``_UNSET``: the reaper's heartbeat check was not asked for (None is a value)."""
+
+
+_UNSET = _Unset()
+
+
+@dataclass(frozen=True)
+class Partial:
+    """What a stopped attempt keeps: its output item with the text its committed deltas hold, and its usage."""
+
+    item_id: str
+    text: str
+    usage: Mapping[str, int] | None = None
+
+    def output(self) -> list[dict[str, Any]]:
+        return [message_item(self.item_id, self.text, "incomplete")] if self.text else []
+
+
+@dataclass(frozen=True)
+class _Write:
+    """What one verb writes when its compare-and-set wins."""
+
+    move: Move
+    task: Mapping[str, Any] = field(default_factory=dict)
+    # None: the response row is neither read nor written (unless an event shows it).
+    response: Mapping[str, Any] | None = None
+    events: Sequence[Event] = ()
+    # The event that shows the response after the move: first (a run opens) or last (the log closes).
+    opening: Callable[[Response], Event] | None = None
+    closing: Callable[[Response], Event] | None = None
+    snapshot: Mapping[str, Any] | None = None
+    drop_snapshots: bool = False
+    # Fencing: a worker that lost its task (and may still be generating) can no longer write to it.
+    holder: str | None = None
+    # The reaper moves a task only if no heartbeat arrived since it looked.
+    heartbeat_seen: datetime | _Unset | None = _UNSET
+
+    @property
+    def event_count(self) -> int:
+        return len(self.events) + (self.opening is not None) + (self.closing is not None)
+
+
+# --------------------------------------------------------------------------- #
+# The compare-and-set core
+# --------------------------------------------------------------------------- #
+
+
+def _apply(task_id: str, write: _Write) -> TransitionResult:
+    now = timezone.now()
+    with transaction.atomic(savepoint=False):
+        won = _compare_and_set(task_id, write, now)
+        try:
+            task = Task.objects.get(pk=task_id)
+        except Task.DoesNotExist:
+            raise TaskNotFound(f"task {task_id} does not exist") from None
+        if not won:
+            return TransitionResult(won=False, task=task)
+        specs = list(write.events)
+        if write.response is not None or write.opening or write.closing:
+            # Only moves that change or show the response read it: a batch of
+            # deltas need not load the prompt and output it does not touch.
+            task.response = response = _response_update(task, write, now)
+            if write.opening:
+                specs.insert(0, write.opening(response))
+            if write.closing:
+                specs.append(write.closing(response))
+        rows = _events_insert(task, specs, now)
+        _snapshots_keep(task, write, now)
+        task_changed_on_commit(task.id, task.status, task.last_sequence)
+    return TransitionResult(won=True, task=task, events=tuple(rows))
+
+
+def _compare_and_set(task_id: str, write: _Write, now: datetime) -> bool:
+    columns: dict[str, Any] = {"updated_at": now, **write.task}
+    if write.event_count:
+        columns["last_sequence"] = F("last_sequence") + write.event_count
+    if write.move.to is not None:
+        columns["status"] = write.move.to
+    rows = Task.objects.filter(pk=task_id, status__in=write.move.sources)
+    if write.holder is not None:
+        rows = rows.filter(worker=write.holder)
+    if not isinstance(write.heartbeat_seen, _Unset):
+        seen = write.heartbeat_seen
+        rows = rows.filter(heartbeat_at=seen) if seen else rows.filter(heartbeat_at__isnull=True)
+    return rows.update(**columns) == 1
+
+
+def _response_update(task: Task, write: _Write, now: datetime) -> Response:
+    columns = dict(write.response or {})
+    if write.move.to in states.RESPONSE_STATUS:
+        columns["status"] = states.RESPONSE_STATUS[write.move.to]
+    response = Response.objects.get(pk=task.response_id)
+    if columns:
+        columns["updated_at"] = now
+        Response.objects.filter(pk=response.pk).update(**columns)
+        for name, value in columns.items():
+            setattr(response, name, value)
+    return response
+
+
+def _events_insert(task: Task, specs: Sequence[Event], now: datetime) -> list[TaskEvent]:
+    first = task.last_sequence - len(specs) + 1
+    rows = [
         TaskEvent(
-            task_id=task_id,
+            task_id=task.id,
             sequence_number=first + offset,
-            type=event_type,
-            payload=encode_event(event_type, first + offset, fields),
+            type=event.type,
+            payload=events.encode(event.type, first + offset, event.fields),
             created_at=now,
         )
-        for offset, (event_type, fields) in enumerate(specs)
+        for offset, event in enumerate(specs)
     ]
+    if rows:
+        TaskEvent.objects.bulk_create(rows)
+    return rows
+
+
+def _snapshots_keep(task: Task, write: _Write, now: datetime) -> None:
+    if task.status in states.TERMINAL or write.drop_snapshots:
+        # A finished task is never resumed; a rerun starts from nothing.
+        TaskSnapshot.objects.filter(task_id=task.id).delete()
+    elif write.snapshot is not None:
+        # One INSERT per batch: ``token_ids`` are the ids generated since the
+        # previous row, ``state`` the small rest (see TaskSnapshot).
+        TaskSnapshot.objects.create(
+            task_id=task.id,
+            sequence_number=task.last_sequence,
+            token_ids=list(write.snapshot.get("token_ids", ())),
+            state=dict(write.snapshot["state"]),
+            created_at=now,
+        )
+
+
+# --------------------------------------------------------------------------- #
+# Creation
+# --------------------------------------------------------------------------- #
 
 
 def task_insert(
@@ -166,206 +276,22 @@ def task_insert(
             created_at=now,
             updated_at=now,
         )
-        TaskEvent.objects.bulk_create(
-            _event_rows(task.id, 0, [("response.created", {"response": response_object(response)})], now)
-        )
+        _events_insert(task, [events.created(response)], now)
     return task
 
 
-def _status_event(to: TaskStatus | None, response: Response) -> tuple[str, dict[str, Any]] | None:
-    if to == S.RUNNING:
-        return "response.in_progress", {"response": response_object(response)}
-    if to == S.SUCCEEDED:
-        return _SUCCESS_EVENTS[response.status], {"response": response_object(response)}
-    if to == S.FAILED:
-        return "response.failed", {"response": response_object(response)}
-    if to == S.CANCELLED:
-        return "response.cancelled", {"response": response_object(response)}
-    return None
+# --------------------------------------------------------------------------- #
+# A worker's verbs: claim or adopt, start, progress, heartbeat, end
+# --------------------------------------------------------------------------- #
 
 
-def _commit(
-    *,
-    task_id: str,
-    sources: frozenset[TaskStatus],
-    to: TaskStatus | None,
-    events: Sequence[tuple[str, Mapping[str, Any]]],
-    response_changes: Mapping[str, Any] | None,
-    task_changes: Mapping[str, Any] | None,
-    error: Mapping[str, Any] | None,
-    snapshot: Mapping[str, Any] | None = None,
-    holder: str | None = None,
-    heartbeat_seen: datetime | _Unset | None = UNSET,
-    drop_snapshot: bool = False,
-) -> TransitionResult:
-    unknown = set(task_changes or {}) - _TASK_FIELDS
-    if unknown:
-        raise TransitionNotAllowed(f"the lifecycle does not set task fields {sorted(unknown)}")
-    unknown = set(response_changes or {}) - _RESPONSE_FIELDS
-    if unknown:
-        raise TransitionNotAllowed(f"the lifecycle does not set response fields {sorted(unknown)}")
-    if (response_changes or {}).get("status") is not None and to != S.SUCCEEDED:
-        raise TransitionNotAllowed("only a move to succeeded chooses the response status")
-    if to == S.FAILED and not error:
-        raise TransitionNotAllowed("a move to failed needs an error")
+def task_claim(*, task_id: str, worker: str) -> TransitionResult:
+    """``queued -> loading`` for ``worker``: of several deliveries of one task, one wins.
 
-    has_status_event = to in (S.RUNNING, S.SUCCEEDED, S.FAILED, S.CANCELLED)
-    count = len(events) + (1 if has_status_event else 0)
-    now = timezone.now()
-    with transaction.atomic(savepoint=False):
-        changes: dict[str, Any] = {"updated_at": now, **(task_changes or {})}
-        if count:
-            changes["last_sequence"] = F("last_sequence") + count
-        if to is not None:
-            changes["status"] = to
-        if to == S.CANCELLING:
-            # The worker measures its cancel latency from here (metrics, admin).
-            changes["cancel_requested_at"] = now
-        if error is not None:
-            changes["error"] = dict(error)
-        claimed = Task.objects.filter(pk=task_id, status__in=sources)
-        if holder is not None:
-            # Fencing: a worker that lost its task to recovery or the reaper
-            # (and may still be generating) can no longer write to it.
-            claimed = claimed.filter(worker=holder)
-        if not isinstance(heartbeat_seen, _Unset):
-            # The reaper moves a task only if no heartbeat arrived since it looked.
-            claimed = (
-                claimed.filter(heartbeat_at=heartbeat_seen)
-                if heartbeat_seen
-                else claimed.filter(heartbeat_at__isnull=True)
-            )
-        won = claimed.update(**changes)
-        # Read after the write: inside this transaction the row is ours
-        # (PostgreSQL row lock, SQLite write lock), so the numbers are final.
-        try:
-            task = Task.objects.get(pk=task_id)
-        except Task.DoesNotExist:
-            raise TaskNotFound(f"task {task_id} does not exist") from None
-        if not won:
-            return TransitionResult(won=False, task=task)
-
-        response_update: dict[str, Any] = dict(response_changes or {})
-        if to in _RESPONSE_STATUS:
-            response_update["status"] = _RESPONSE_STATUS[to]
-        elif to == S.SUCCEEDED:
-            response_update.setdefault("status", ResponseStatus.COMPLETED)
-            if response_update["status"] not in _SUCCESS_EVENTS:
-                raise TransitionNotAllowed("a succeeded task's response is completed or incomplete")
-        if error is not None:
-            response_update["error"] = dict(error)
-        status_event = None
-        if response_update or has_status_event:
-            # Only moves that change or show the response read it: a batch of
-            # deltas need not load the prompt and output it does not touch.
-            response = Response.objects.get(pk=task.response_id)
-            if response_update:
-                response_update["updated_at"] = now
-                Response.objects.filter(pk=response.pk).update(**response_update)
-                for field, value in response_update.items():
-                    setattr(response, field, value)
-            task.response = response
-            if has_status_event:
-                status_event = _status_event(to, response)
-
-        specs = list(events)
-        if status_event is not None:
-            # in_progress opens a run, before the caller's opening events;
-            # a terminal event closes the log, after everything else.
-            specs = [status_event, *specs] if to == S.RUNNING else [*specs, status_event]
-        rows = _event_rows(task.id, task.last_sequence - count + 1, specs, now)
-        if rows:
-            TaskEvent.objects.bulk_create(rows)
-        if to in TERMINAL or drop_snapshot:
-            # A finished task is never resumed; a rerun starts from nothing.
-            TaskSnapshot.objects.filter(task_id=task.id).delete()
-        elif snapshot is not None:
-            _store_snapshot(task, snapshot, now)
-        task_changed_on_commit(task.id, task.status, task.last_sequence)
-    return TransitionResult(won=True, task=task, events=tuple(rows))
-
-
-def _store_snapshot(task: Task, data: Mapping[str, Any], now: datetime) -> None:
-    # One INSERT per batch: ``token_ids`` are the ids generated since the
-    # previous row, ``state`` the small rest (see TaskSnapshot).
-    TaskSnapshot.objects.create(
-        task_id=task.id,
-        sequence_number=task.last_sequence,
-        token_ids=list(data.get("token_ids", ())),
-        state=dict(data["state"]),
-        created_at=now,
-    )
-
-
-def task_transition(
-    *,
-    task_id: str,
-    to: TaskStatus,
-    sources: Iterable[TaskStatus] | None = None,
-    events: Sequence[tuple[str, Mapping[str, Any]]] = (),
-    response_changes: Mapping[str, Any] | None = None,
-    task_changes: Mapping[str, Any] | None = None,
-    error: Mapping[str, Any] | None = None,
-    snapshot: Mapping[str, Any] | None = None,
-    holder: str | None = None,
-) -> TransitionResult:
-    """Move a task to ``to`` if it is still in one of ``sources``.
-
-    ``sources`` defaults to every status the table allows a move from; each
-    given source must be allowed, or ``TransitionNotAllowed`` is raised (a
-    programming error, not a lost race). ``events`` are ``(type, fields)``
-    pairs written with the move; the event the target status implies
-    (``response.in_progress`` first, or the terminal event last) is added here.
-    ``holder`` (a worker's name) also requires the task's ``worker`` to be it.
+    Counts the attempt and starts the output count over.
     """
-    to = TaskStatus(to)
-    allowed = sources_for(to)
-    chosen = allowed if sources is None else frozenset(TaskStatus(s) for s in sources)
-    refused = chosen - allowed
-    if refused or not chosen:
-        raise TransitionNotAllowed(f"no move to {to} from {sorted(refused) or 'nowhere'}")
-    return _commit(
-        task_id=task_id,
-        sources=chosen,
-        to=to,
-        events=events,
-        response_changes=response_changes,
-        task_changes=task_changes,
-        error=error,
-        snapshot=snapshot,
-        holder=holder,
-    )
-
-
-def task_append_events(
-    *,
-    task_id: str,
-    expected: Iterable[TaskStatus] = (S.RUNNING,),
-    events: Sequence[tuple[str, Mapping[str, Any]]] = (),
-    response_changes: Mapping[str, Any] | None = None,
-    task_changes: Mapping[str, Any] | None = None,
-    snapshot: Mapping[str, Any] | None = None,
-    holder: str | None = None,
-) -> TransitionResult:
-    """Append events (and progress) without a status change.
-
-    Only while the task is in ``expected`` (a non-terminal status): a worker
-    whose task was cancelled learns it here from ``won=False``.
-    """
-    expected_set = frozenset(TaskStatus(s) for s in expected)
-    if not expected_set or expected_set & TERMINAL:
-        raise TransitionNotAllowed("events are appended only to unfinished tasks")
-    return _commit(
-        task_id=task_id,
-        sources=expected_set,
-        to=None,
-        events=events,
-        response_changes=response_changes,
-        task_changes=task_changes,
-        error=None,
-        snapshot=snapshot,
-        holder=holder,
-    )
+    columns = {"worker": worker, "heartbeat_at": timezone.now(), "attempts": F("attempts") + 1, "output_tokens": 0}
+    return _apply(task_id, _Write(MOVES["task_claim"], task=columns))
 
 
 def task_adopt(*, task_id: str, worker: str) -> TransitionResult:
@@ -375,48 +301,154 @@ def task_adopt(*, task_id: str, worker: str) -> TransitionResult:
     A compare-and-set on an empty ``worker``: of several workers handed the
     same task, one wins. The attempt is counted like a claim's.
     """
-    return _commit(
-        task_id=task_id,
-        sources=ORPHANABLE,
-        to=None,
-        events=(),
-        response_changes=None,
-        task_changes={"worker": worker, "heartbeat_at": timezone.now(), "attempts": F("attempts") + 1},
-        error=None,
-        holder="",
+    columns = {"worker": worker, "heartbeat_at": timezone.now(), "attempts": F("attempts") + 1}
+    return _apply(task_id, _Write(MOVES["task_adopt"], task=columns, holder=""))
+
+
+def task_start(
+    *, task_id: str, worker: str, item_id: str, snapshot: Mapping[str, Any] | None = None
+) -> TransitionResult:
+    """``loading -> running``: ``response.in_progress`` and the empty output item and text part.
+
+    ``snapshot`` is the run's first snapshot row (with the prompt ids).
+    """
+    write = _Write(
+        MOVES["task_start"],
+        task={"heartbeat_at": timezone.now()},
+        events=[events.output_item_added(item_id), events.content_part_added(item_id)],
+        opening=events.in_progress,
+        snapshot=snapshot,
+        holder=worker,
     )
+    return _apply(task_id, write)
+
+
+def task_progress(
+    *,
+    task_id: str,
+    worker: str,
+    item_id: str,
+    deltas: Sequence[str],
+    output_tokens: int,
+    snapshot: Mapping[str, Any] | None = None,
+) -> TransitionResult:
+    """A batch of text deltas while ``running``, with the snapshot row that accounts for them.
+
+    Loses (``won`` False) once a cancel or another writer moved the task:
+    that is how a worker learns of a cancel whose notification it missed.
+    """
+    write = _Write(
+        MOVES["task_progress"],
+        task={"heartbeat_at": timezone.now(), "output_tokens": output_tokens},
+        events=[events.output_text_delta(item_id, text) for text in deltas],
+        snapshot=snapshot,
+        holder=worker,
+    )
+    return _apply(task_id, write)
+
+
+def task_heartbeat(*, task_id: str, worker: str) -> TransitionResult:
+    """``worker`` still holds the task (while loading, or in a long prefill without batches)."""
+    return _apply(task_id, _Write(MOVES["task_heartbeat"], task={"heartbeat_at": timezone.now()}, holder=worker))
+
+
+def task_succeed(
+    *,
+    task_id: str,
+    worker: str,
+    item_id: str,
+    text: str,
+    usage: Mapping[str, int] | None,
+    output_tokens: int,
+    deltas: Sequence[str] = (),
+    incomplete: bool = False,
+) -> TransitionResult:
+    """``running -> succeeded``: the last deltas, the three ``*.done`` events and the terminal one.
+
+    ``text`` is the whole output (the committed deltas and ``deltas``);
+    ``incomplete`` means the run stopped at ``max_output_tokens``.
+    """
+    status = ResponseStatus.INCOMPLETE if incomplete else ResponseStatus.COMPLETED
+    item_status = "incomplete" if incomplete else "completed"
+    response = {
+        "status": status,
+        "output": [message_item(item_id, text, item_status)],
+        "usage": dict(usage) if usage is not None else None,
+        "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
+    }
+    write = _Write(
+        MOVES["task_succeed"],
+        task={"heartbeat_at": timezone.now(), "output_tokens": output_tokens},
+        response=response,
+        events=[
+            *(events.output_text_delta(item_id, delta) for delta in deltas),
+            events.output_text_done(item_id, text),
+            events.content_part_done(item_id, text),
+            events.output_item_done(item_id, text, item_status),
+        ],
+        closing=events.finished,
+        holder=worker,
+    )
+    return _apply(task_id, write)
+
+
+def task_fail(
+    *,
+    task_id: str,
+    error: Mapping[str, Any] | None,
+    worker: str | None = None,
+    sources: Iterable[TaskStatus] | None = None,
+    partial: Partial | None = None,
+) -> TransitionResult:
+    """``queued|loading|running -> failed`` with ``error`` (a problem object) on task and response.
+
+    A worker passes its name (fencing), the statuses it may fail the task
+    from, and what the attempt showed (``partial``), which the response keeps.
+    """
+    if not error:
+        raise TransitionNotAllowed("a move to failed needs an error")
+    response: dict[str, Any] = {"error": dict(error)}
+    if partial is not None:
+        response |= {"output": partial.output(), "usage": partial.usage}
+    write = _Write(
+        MOVES["task_fail"].narrowed(sources),
+        task={"error": dict(error)},
+        response=response,
+        closing=events.finished,
+        holder=worker,
+    )
+    return _apply(task_id, write)
+
+
+def task_finish_cancel(*, task_id: str, worker: str, partial: Partial | None = None) -> TransitionResult:
+    """``cancelling -> cancelled`` by the worker that stopped generating; the response keeps ``partial``."""
+    response = {} if partial is None else {"output": partial.output(), "usage": partial.usage}
+    write = _Write(MOVES["task_finish_cancel"], response=response, closing=events.finished, holder=worker)
+    return _apply(task_id, write)
 
 
 # --------------------------------------------------------------------------- #
-# Recovery (chapter 11.3): the only moves outside the table above
+# Cancel (chapter 7.3): the service picks the verb by the status it read
 # --------------------------------------------------------------------------- #
 
-R = RestartPolicy
-# Statuses a worker holds a task in (it has a ``worker`` and a heartbeat).
-HELD: frozenset[TaskStatus] = frozenset({S.LOADING, S.RUNNING, S.CANCELLING})
-# A task in one of these with an empty ``worker`` waits for a worker to adopt it.
-ORPHANABLE: frozenset[TaskStatus] = frozenset({S.RUNNING, S.CANCELLING})
 
-# Chapter 11.3, cell for cell: where a leftover task goes, by status found and policy.
-RECOVERY: Mapping[TaskStatus, Mapping[RestartPolicy, TaskStatus]] = {
-    S.QUEUED: {R.FAIL: S.FAILED, R.RETRY: S.QUEUED, R.RESUME: S.QUEUED},
-    S.LOADING: {R.FAIL: S.FAILED, R.RETRY: S.QUEUED, R.RESUME: S.QUEUED},
-    S.RUNNING: {R.FAIL: S.FAILED, R.RETRY: S.QUEUED, R.RESUME: S.RUNNING},
-    S.CANCELLING: {R.FAIL: S.CANCELLED, R.RETRY: S.CANCELLED, R.RESUME: S.CANCELLED},
-}
-# Besides its cell, recovery may fail a task it would otherwise run again
-# (its attempts are used up), except a cancelling one, whose cancel wins.
-_RECOVERY_ESCAPE: Mapping[TaskStatus, frozenset[TaskStatus]] = {
-    S.QUEUED: frozenset({S.FAILED}),
-    S.LOADING: frozenset({S.FAILED}),
-    S.RUNNING: frozenset({S.FAILED}),
-    S.CANCELLING: frozenset(),
-}
+def task_cancel_queued(*, task_id: str) -> TransitionResult:
+    """``queued -> cancelled`` at once: nothing runs yet."""
+    return _apply(task_id, _Write(MOVES["task_cancel_queued"], closing=events.finished))
 
 
-def recovery_target(status: TaskStatus, policy: RestartPolicy) -> TaskStatus:
-    """The cell of chapter 11.3 for a task found in ``status`` with ``policy``."""
-    return RECOVERY[TaskStatus(status)][RestartPolicy(policy)]
+def task_request_cancel(*, task_id: str, sources: Iterable[TaskStatus] | None = None) -> TransitionResult:
+    """``loading|running -> cancelling``; the worker stops and finishes the move.
+
+    Stamps ``cancel_requested_at``, from which the worker measures its cancel latency.
+    """
+    write = _Write(MOVES["task_request_cancel"].narrowed(sources), task={"cancel_requested_at": timezone.now()})
+    return _apply(task_id, write)
+
+
+# --------------------------------------------------------------------------- #
+# Recovery (chapter 11.3): the only moves outside chapter 7.2's table
+# --------------------------------------------------------------------------- #
 
 
 def task_recover(
@@ -432,46 +464,64 @@ def task_recover(
 
     A compare-and-set on the status, worker and heartbeat the caller saw: if
     the task moved on, or its worker wrote a heartbeat since (it is alive),
-    nothing is written and ``won`` is False. One transaction holds the new
-    state and its event: ``response.failed`` for ``failed``,
-    ``response.cancelled`` for ``cancelled``; a move back to ``queued`` writes
-    no event (the rerun's ``response.in_progress`` opens the new attempt) and
-    forgets the snapshot; staying ``running`` only lets go of the worker, so
-    another can adopt the task and resume it. The caller dispatches the task
-    again where it is to run again.
+    nothing is written and ``won`` is False. ``failed`` writes
+    ``response.failed``, ``cancelled`` writes ``response.cancelled``; both
+    keep in the response the text the event log already showed. Back to
+    ``queued`` writes no event (the rerun's ``response.in_progress`` opens
+    the new attempt) and forgets the snapshot; staying ``running`` only lets
+    go of the worker, so another can adopt the task and resume it. The
+    caller dispatches the task again where it is to run again.
     """
     found, to = TaskStatus(found), TaskStatus(to)
-    if found not in RECOVERY or (to not in RECOVERY[found].values() and to not in _RECOVERY_ESCAPE[found]):
+    if not states.recovery_allows(found, to):
         raise TransitionNotAllowed(f"recovery does not move a task from {found} to {to}")
     if found == S.QUEUED and to == S.QUEUED:
         # Nothing to write: the task waits as it did; the caller re-sends it.
         task = Task.objects.get(pk=task_id)
         return TransitionResult(won=task.status == S.QUEUED, task=task)
-    task_changes: dict[str, Any] = {}
-    response_changes: dict[str, Any] | None = None
-    if to in (S.QUEUED, S.RUNNING):
-        task_changes = {"worker": "", "heartbeat_at": None}
-    if to in (S.FAILED, S.CANCELLED) and found in (S.RUNNING, S.CANCELLING):
-        # The response keeps what the event log already showed of the text.
-        response_changes = {"output": _committed_output(task_id)}
-    if to == S.QUEUED:
-        response_changes = {"output": [], "usage": None}
-        task_changes["output_tokens"] = 0
-    return _commit(
-        task_id=task_id,
-        sources=frozenset({found}),
-        to=None if to == found else to,
-        events=(),
-        response_changes=response_changes,
-        task_changes=task_changes,
-        error=error,
-        holder=worker,
-        heartbeat_seen=heartbeat_at,
-        drop_snapshot=to == S.QUEUED,
-    )
+    # Checked against chapter 11.3 above; chapter 7.2 has none of these moves.
+    move = Move(frozenset({found}), None if to == found else to)
+    write = _RECOVERY_WRITES[to](task_id, found, error)
+    return _apply(task_id, _Write(move, holder=worker, heartbeat_seen=heartbeat_at, **write))
 
 
-def _committed_output(task_id: str) -> list[dict[str, Any]]:
-    """The output item of the current attempt as far as its deltas were committed."""
+def _recover_to_failed(task_id: str, found: TaskStatus, error: Mapping[str, Any] | None) -> dict[str, Any]:
+    if not error:
+        raise TransitionNotAllowed("a move to failed needs an error")
+    return {
+        "task": {"error": dict(error)},
+        "response": {"error": dict(error), **_committed_output(task_id, found)},
+        "closing": events.finished,
+    }
+
+
+def _recover_to_cancelled(task_id: str, found: TaskStatus, error: Mapping[str, Any] | None) -> dict[str, Any]:
+    return {"response": _committed_output(task_id, found), "closing": events.finished}
+
+
+def _recover_to_queued(task_id: str, found: TaskStatus, error: Mapping[str, Any] | None) -> dict[str, Any]:
+    return {
+        "task": {"worker": "", "heartbeat_at": None, "output_tokens": 0},
+        "response": {"output": [], "usage": None},
+        "drop_snapshots": True,
+    }
+
+
+def _recover_to_orphan(task_id: str, found: TaskStatus, error: Mapping[str, Any] | None) -> dict[str, Any]:
+    return {"task": {"worker": "", "heartbeat_at": None}}
+
+
+_RECOVERY_WRITES: Mapping[TaskStatus, Callable[[str, TaskStatus, Mapping[str, Any] | None], dict[str, Any]]] = {
+    S.FAILED: _recover_to_failed,
+    S.CANCELLED: _recover_to_cancelled,
+    S.QUEUED: _recover_to_queued,
+    S.RUNNING: _recover_to_orphan,
+}
+
+
+def _committed_output(task_id: str, found: TaskStatus) -> dict[str, Any]:
+    """The output of the current attempt as far as its deltas were committed (a task that was generating)."""
+    if found not in states.MAY_HAVE_OUTPUT:
+        return {}
     item_id, text = task_output_text(task_id=task_id)
-    return [message_item(item_id, text, "incomplete")] if item_id and text else []
+    return {"output": Partial(item_id, text).output() if item_id else []}

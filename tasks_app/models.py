@@ -1,7 +1,8 @@
 """Tables of chapter 11.1 and the invariants the database itself can hold.
 
 Status columns are only ever written by ``tasks_app.lifecycle``; nothing here
-overrides ``save()`` or reacts to signals.
+overrides ``save()`` or reacts to signals. The statuses, their groups and the
+event types are ``tasks_app.states`` and ``tasks_app.events``.
 """
 
 from __future__ import annotations
@@ -9,7 +10,9 @@ from __future__ import annotations
 from django.db import models
 from django.db.models import Q
 
+from tasks_app import events, states
 from tasks_app.fields import JSONTextField
+from tasks_app.states import ResponseStatus, RestartPolicy, TaskStatus
 
 
 class TaskType(models.TextChoices):
@@ -17,62 +20,11 @@ class TaskType(models.TextChoices):
     """Runs one response request (the only task type of LMSP 1.0)."""
 
 
-class TaskStatus(models.TextChoices):
-    QUEUED = "queued", "queued"
-    """Accepted and persisted; waits for a worker."""
-    LOADING = "loading", "loading"
-    """A worker claimed the task and is loading its model."""
-    RUNNING = "running", "running"
-    """The model generates."""
-    CANCELLING = "cancelling", "cancelling"
-    """Cancel was requested; the backend has not stopped yet."""
-    SUCCEEDED = "succeeded", "succeeded"
-    """Terminal: the response is complete (or incomplete at a token limit)."""
-    FAILED = "failed", "failed"
-    """Terminal: the task failed; ``error`` holds the problem object."""
-    CANCELLED = "cancelled", "cancelled"
-    """Terminal: the task was cancelled."""
-
-
-class RestartPolicy(models.TextChoices):
-    FAIL = "fail", "fail"
-    """An unfinished task found at startup fails with ``server_restarted``."""
-    RETRY = "retry", "retry"
-    """An unfinished task found at startup runs again from the start."""
-    RESUME = "resume", "resume"
-    """An unfinished task found at startup continues from its snapshot."""
-
-
-class ResponseStatus(models.TextChoices):
-    QUEUED = "queued", "queued"
-    """The response waits for its task to start."""
-    IN_PROGRESS = "in_progress", "in_progress"
-    """The model is producing output."""
-    COMPLETED = "completed", "completed"
-    """Finished normally."""
-    INCOMPLETE = "incomplete", "incomplete"
-    """Stopped at a limit (``incomplete_details`` says which)."""
-    FAILED = "failed", "failed"
-    """Stopped by an error (``error`` holds the problem object)."""
-    CANCELLED = "cancelled", "cancelled"
-    """Stopped by a cancel."""
-
-
 class IdempotencyState(models.TextChoices):
     IN_PROGRESS = "in_progress", "in_progress"
     """The first request with this key is still being served."""
     COMPLETED = "completed", "completed"
     """The reply is stored and is replayed for the same body."""
-
-
-TERMINAL_TASK_STATUSES = (TaskStatus.SUCCEEDED, TaskStatus.FAILED, TaskStatus.CANCELLED)
-ACTIVE_TASK_STATUSES = (TaskStatus.QUEUED, TaskStatus.LOADING, TaskStatus.RUNNING, TaskStatus.CANCELLING)
-TERMINAL_EVENT_TYPES = (
-    "response.completed",
-    "response.incomplete",
-    "response.failed",
-    "response.cancelled",
-)
 
 
 class ServiceConfig(models.Model):
@@ -229,10 +181,16 @@ class Task(models.Model):
             models.Index(fields=["client", "-id"], name="task_client_newest"),
             models.Index(fields=["client", "status", "-id"], name="task_client_status_newest"),
             # Recovery, sweeper and reaper scan only unfinished tasks.
-            models.Index(fields=["status", "id"], condition=Q(status__in=ACTIVE_TASK_STATUSES), name="task_active"),
+            models.Index(
+                fields=["status", "id"],
+                condition=Q(status__in=states.in_declaration_order(states.ACTIVE)),
+                name="task_active",
+            ),
             # Retention cleanup finds finished tasks by the time they finished.
             models.Index(
-                fields=["updated_at", "id"], condition=Q(status__in=TERMINAL_TASK_STATUSES), name="task_finished"
+                fields=["updated_at", "id"],
+                condition=Q(status__in=states.in_declaration_order(states.TERMINAL)),
+                name="task_finished",
             ),
         ]
 
@@ -241,7 +199,7 @@ class Task(models.Model):
 
     @property
     def is_terminal(self) -> bool:
-        return self.status in TERMINAL_TASK_STATUSES
+        return self.status in states.TERMINAL
 
 
 class TaskSnapshot(models.Model):
@@ -290,7 +248,7 @@ class TaskEvent(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["task", "sequence_number"], name="task_event_sequence_unique"),
             models.UniqueConstraint(
-                fields=["task"], condition=Q(type__in=TERMINAL_EVENT_TYPES), name="task_event_one_terminal"
+                fields=["task"], condition=Q(type__in=events.TERMINAL), name="task_event_one_terminal"
             ),
             models.CheckConstraint(condition=Q(sequence_number__gte=0), name="task_event_sequence_non_negative"),
         ]

@@ -17,8 +17,8 @@ import redis
 from django.conf import settings
 from django.db import transaction
 
-from tasks_app.metrics import task_finished_count
-from tasks_app.models import TERMINAL_TASK_STATUSES
+from tasks_app import states
+from tasks_app.prometheus import task_finished_count
 
 logger = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ def task_changed_on_commit(task_id: str, status: str, last_sequence: int) -> Non
     """After the current transaction commits, tell subscribers that a task moved or grew."""
     message = {"task_id": task_id, "status": status, "last_sequence": last_sequence}
     transaction.on_commit(partial(publish, tasks_channel(), message))
-    if status in TERMINAL_TASK_STATUSES:
+    if status in states.TERMINAL:
         # Only the one winning terminal move gets here (a worker, a cancel,
         # recovery or the reaper), so each task is counted once.
         transaction.on_commit(partial(task_finished_count, status=status))

@@ -23,11 +23,11 @@ from typing import Any
 
 from django.db.models import BooleanField, Expression, F
 
-from tasks_app.models import ACTIVE_TASK_STATUSES, TERMINAL_TASK_STATUSES, TaskStatus
+from tasks_app.states import ACTIVE, TERMINAL, TaskStatus, in_declaration_order
 
 # The conditions of the partial indexes task_active and task_finished
 # (tasks_app/models.py), in their order: SQLite compares them term by term.
-_INDEXED_GROUPS: tuple[tuple[TaskStatus, ...], ...] = (ACTIVE_TASK_STATUSES, TERMINAL_TASK_STATUSES)
+_INDEXED_GROUPS: tuple[tuple[TaskStatus, ...], ...] = tuple(map(in_declaration_order, (ACTIVE, TERMINAL)))
 
 
 def _literals(statuses: Iterable[TaskStatus]) -> str:
@@ -81,4 +81,4 @@ def status_in(statuses: Iterable[str]) -> Expression:
     if not wanted:
         raise ValueError("status_in needs at least one status")
     # Declaration order, so that one set always gives the same statement.
-    return _StatusIn(tuple(status for status in TaskStatus if status in wanted))
+    return _StatusIn(in_declaration_order(wanted))

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from django.db.models import Q, QuerySet
 
+from tasks_app import events
+from tasks_app.events import EventType
 from tasks_app.exceptions import EventHistoryExpired, InvalidRequest, ModelNotFound, ResponseNotFound, TaskNotFound
-from tasks_app.models import Client, ModelRecord, Response, Task, TaskEvent, TaskSnapshot, TaskStatus
+from tasks_app.models import Client, ModelRecord, Response, Task, TaskEvent, TaskSnapshot
 from tasks_app.querying import status_in
+from tasks_app.states import TaskStatus
 
 if TYPE_CHECKING:
     from tasks_app.auth import StreamReader
@@ -139,11 +141,17 @@ def _name_candidates(name: str) -> list[str]:
     return [name]
 
 
-def model_get_by_name(name: str) -> ModelRecord:
+def model_find_by_name(name: str) -> ModelRecord | None:
+    """The registered model ``name`` (``name`` and ``name:latest`` are one), or None."""
     rows = {m.name: m for m in ModelRecord.objects.filter(name__in=_name_candidates(name))}
-    for candidate in _name_candidates(name):
-        if candidate in rows:
-            return rows[candidate]
+    return next((rows[candidate] for candidate in _name_candidates(name) if candidate in rows), None)
+
+
+def model_get_by_name(name: str) -> ModelRecord:
+    """The registered model ``name``; ``ModelNotFound`` (a 400 naming the field) otherwise."""
+    model = model_find_by_name(name)
+    if model is not None:
+        return model
     raise ModelNotFound(
         f"Model {name!r} is not registered",
         errors=[{"field": "input.model", "message": f"unknown model {name!r}"}],
@@ -190,6 +198,12 @@ def task_snapshot_get(*, task_id: str) -> StoredSnapshot | None:
     )
 
 
+def task_run_request(*, task_id: str) -> tuple[str, dict[str, Any]]:
+    """The model name and the validated request that a worker runs for the task."""
+    response = Response.objects.only("id", "model", "request").get(task__id=task_id)
+    return response.model, response.request
+
+
 def task_output_text(*, task_id: str) -> tuple[str | None, str]:
     """The id of the current attempt's output item and the text its committed deltas hold.
 
@@ -197,7 +211,7 @@ def task_output_text(*, task_id: str) -> tuple[str | None, str]:
     early keeps as its output, and what a resumed generation continues.
     """
     opened = (
-        TaskEvent.objects.filter(task_id=task_id, type="response.output_item.added")
+        TaskEvent.objects.filter(task_id=task_id, type=EventType.OUTPUT_ITEM_ADDED)
         .order_by("-sequence_number")
         .values_list("sequence_number", "payload")
         .first()
@@ -206,10 +220,10 @@ def task_output_text(*, task_id: str) -> tuple[str | None, str]:
         return None, ""
     sequence, payload = opened
     deltas = TaskEvent.objects.filter(
-        task_id=task_id, type="response.output_text.delta", sequence_number__gt=sequence
+        task_id=task_id, type=EventType.OUTPUT_TEXT_DELTA, sequence_number__gt=sequence
     ).order_by("sequence_number")
-    text = "".join(json.loads(p)["delta"] for p in deltas.values_list("payload", flat=True).iterator())
-    return json.loads(payload)["item"]["id"], text
+    text = events.delta_text(deltas.values_list("payload", flat=True).iterator())
+    return events.opened_item_id(payload), text
 
 
 # --------------------------------------------------------------------------- #
@@ -225,13 +239,7 @@ def model_names() -> list[str]:
 
 def response_output_text(*, response: Response) -> str:
     """The text of a response's output items, as a client reads it."""
-    return "".join(
-        part.get("text", "")
-        for item in response.output or []
-        if isinstance(item, dict)
-        for part in item.get("content") or []
-        if isinstance(part, dict) and part.get("type") == "output_text"
-    )
+    return events.output_text(response.output)
 
 
 def task_output_text_until(*, task_id: str, last_sequence: int) -> str:
@@ -242,7 +250,7 @@ def task_output_text_until(*, task_id: str, last_sequence: int) -> str:
     while the worker keeps committing.
     """
     opened = (
-        TaskEvent.objects.filter(task_id=task_id, type="response.output_item.added", sequence_number__lte=last_sequence)
+        TaskEvent.objects.filter(task_id=task_id, type=EventType.OUTPUT_ITEM_ADDED, sequence_number__lte=last_sequence)
         .order_by("-sequence_number")
         .values_list("sequence_number", flat=True)
         .first()
@@ -251,11 +259,11 @@ def task_output_text_until(*, task_id: str, last_sequence: int) -> str:
         return ""
     deltas = TaskEvent.objects.filter(
         task_id=task_id,
-        type="response.output_text.delta",
+        type=EventType.OUTPUT_TEXT_DELTA,
         sequence_number__gt=opened,
         sequence_number__lte=last_sequence,
     ).order_by("sequence_number")
-    return "".join(json.loads(p)["delta"] for p in deltas.values_list("payload", flat=True).iterator())
+    return events.delta_text(deltas.values_list("payload", flat=True).iterator())
 
 
 def task_events_latest(*, task_id: str, last_sequence: int, limit: int) -> list[TaskEvent]:

@@ -31,6 +31,10 @@ from tasks_app.notify import tasks_channel
 
 logger = logging.getLogger(__name__)
 
+# Reconnect backoff: doubles per failed attempt, reset once subscribed.
+_RETRY_FIRST_S = 0.05
+_RETRY_MAX_S = 2.0
+
 
 @dataclass(frozen=True, slots=True)
 class Change:
@@ -108,50 +112,69 @@ class WakeHub:
             self._poke_all()
 
     async def _listen(self) -> None:
-        delay = 0.05
+        delay = _RETRY_FIRST_S
         reported = False
         while True:
-            client = redis.asyncio.Redis.from_url(
-                settings.REDIS_URL,
-                socket_connect_timeout=1,
-                health_check_interval=10,
-                # No silent reconnect inside redis-py: a loss must reach the
-                # code below, which pokes every watcher once subscribed again
-                # (messages published while deaf are gone).
-                retry=Retry(NoBackoff(), 0),
-            )
+            client = _subscriber_client()
             pubsub = client.pubsub()
             try:
-                await pubsub.subscribe(tasks_channel())
-                while True:
-                    message = await pubsub.get_message(timeout=5)
-                    if message is None:
-                        raise redis.TimeoutError("no subscribe confirmation")
-                    if message["type"] == "subscribe":
-                        break
+                await _subscribe(pubsub)
                 self._set_connected(True)
                 if reported:
                     logger.warning("wake-ups: subscribed to Redis again")
-                delay, reported = 0.05, False
-                while True:
-                    message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=30)
-                    if message is not None and message["type"] == "message":
-                        self._on_message(message["data"])
+                delay, reported = _RETRY_FIRST_S, False
+                await self._relay(pubsub)
             except asyncio.CancelledError:
                 raise
             except (redis.RedisError, OSError) as exc:
+                # One line per outage, not one per failed reconnect.
                 if not reported:
                     logger.warning("wake-ups: Redis subscription lost (%s); streams poll the database", exc)
                     reported = True
             finally:
                 self._set_connected(False)
-                try:
-                    await pubsub.aclose()
-                    await client.aclose()
-                except (redis.RedisError, OSError):
-                    pass
+                await _close_quietly(pubsub, client)
             await asyncio.sleep(delay)
-            delay = min(delay * 2, 2.0)
+            delay = min(delay * 2, _RETRY_MAX_S)
+
+    async def _relay(self, pubsub: redis.asyncio.client.PubSub) -> None:
+        """Hand every wake-up to its watchers until the subscription fails."""
+        while True:
+            message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=30)
+            if message is not None and message["type"] == "message":
+                self._on_message(message["data"])
+
+
+def _subscriber_client() -> redis.asyncio.Redis:
+    return redis.asyncio.Redis.from_url(
+        settings.REDIS_URL,
+        socket_connect_timeout=1,
+        health_check_interval=10,
+        # No silent reconnect inside redis-py: a loss must reach ``_listen``,
+        # which pokes every watcher once subscribed again (messages published
+        # while deaf are gone).
+        retry=Retry(NoBackoff(), 0),
+    )
+
+
+async def _subscribe(pubsub: redis.asyncio.client.PubSub) -> None:
+    """Subscribe and wait for Redis to confirm it, so ``connected`` never runs ahead of the subscription."""
+    await pubsub.subscribe(tasks_channel())
+    while True:
+        message = await pubsub.get_message(timeout=5)
+        if message is None:
+            raise redis.TimeoutError("no subscribe confirmation")
+        if message["type"] == "subscribe":
+            return
+
+
+async def _close_quietly(pubsub: redis.asyncio.client.PubSub, client: redis.asyncio.Redis) -> None:
+    # The connection is being dropped anyway; a failing close must not stop the reconnect.
+    try:
+        await pubsub.aclose()
+        await client.aclose()
+    except (redis.RedisError, OSError):
+        pass
 
 
 _hubs: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, WakeHub] = weakref.WeakKeyDictionary()

@@ -2,30 +2,24 @@
 
 from __future__ import annotations
 
-import json
-import os
 import shutil
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
-from django.db import connection
-from django.test import Client as HttpClient
 
 from tasks_app.models import Client, ModelRecord
 from tasks_app.services.clients import client_create
-from tasks_app.services.models import model_scan
+from tasks_app.services.model_scan import model_scan
+from tests.support.api import ApiClient
 from tests.support.db import database_url
+from tests.support.namespace import REDIS_PREFIX
 from tests.support.server import Server, uvicorn_process
 from tests.support.waiting import wait_until
 from tests.support.worker import RedisServer, WorkerProcess, celery_worker, private_redis
 
-# Every Redis key, queue and channel of this run carries its own prefix, so a
-# test run never touches a running service's queue (or another run's).
-REDIS_PREFIX = f"lmsp-test-{os.getpid()}"
 # Tasks created by tests without a worker go to a queue nobody consumes.
 IDLE_QUEUE = f"{REDIS_PREFIX}-idle"
 WORKER_QUEUE = f"{REDIS_PREFIX}-work"
@@ -68,7 +62,7 @@ def _close_db_pool(django_db_setup) -> Iterator[None]:
 @pytest.fixture(scope="session")
 def demo_models_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A models folder holding the real demo model, built once per run."""
-    from workers.demo_model import build_demo_model
+    from fixture_models.demo import build_demo_model
 
     root = tmp_path_factory.mktemp("models")
     build_demo_model(root / "demo", size="demo")
@@ -85,38 +79,6 @@ def models_dir(demo_models_root: Path, settings) -> Path:
 def demo_model(db, models_dir: Path) -> ModelRecord:
     model_scan(models_dir=models_dir)
     return ModelRecord.objects.get(name="demo")
-
-
-class ApiClient:
-    """Django's test client speaking JSON with one bearer token."""
-
-    def __init__(self, token: str | None, client: Client | None = None) -> None:
-        self.token = token
-        self.client = client
-        self.http = HttpClient()
-
-    def _headers(self, headers: dict[str, str] | None) -> dict[str, str]:
-        out = {"Authorization": f"Bearer {self.token}"} if self.token else {}
-        out.update(headers or {})
-        return out
-
-    def get(self, path: str, headers: dict[str, str] | None = None, **params: Any):
-        return self.http.get(path, params, headers=self._headers(headers))
-
-    def post(
-        self,
-        path: str,
-        body: Any = None,
-        headers: dict[str, str] | None = None,
-        raw: str | bytes | None = None,
-        content_type: str = "application/json",
-    ):
-        data = raw if raw is not None else ("" if body is None else json.dumps(body))
-        return self.http.post(path, data=data, content_type=content_type, headers=self._headers(headers))
-
-    def create_task(self, prompt: str = "Hello", headers: dict[str, str] | None = None, **envelope: Any):
-        body = {"type": "response", "input": {"model": "demo", "input": prompt}, **envelope}
-        return self.post("/lmsp/v1/tasks", body, headers=headers)
 
 
 @pytest.fixture
@@ -140,10 +102,6 @@ def api(make_client, demo_model) -> ApiClient:
 def other_api(make_client, demo_model) -> ApiClient:
     client, token = make_client("bob")
     return ApiClient(token, client)
-
-
-def is_postgres() -> bool:
-    return connection.vendor == "postgresql"
 
 
 @pytest.fixture
@@ -195,13 +153,14 @@ def running_worker(transactional_db, demo_model, celery_worker_proc: WorkerProce
     settings.LMSP_MODELS_DIR = worker_models_root
     model_scan(models_dir=worker_models_root)
     yield celery_worker_proc
-    from tasks_app.models import ACTIVE_TASK_STATUSES, Task
+    from tasks_app.models import Task
     from tasks_app.services.tasks import task_cancel
+    from tasks_app.states import ACTIVE
 
-    for task in Task.objects.filter(status__in=ACTIVE_TASK_STATUSES):
+    for task in Task.objects.filter(status__in=ACTIVE):
         task_cancel(task=task)
     wait_until(
-        lambda: not Task.objects.filter(status__in=ACTIVE_TASK_STATUSES).exists(),
+        lambda: not Task.objects.filter(status__in=ACTIVE).exists(),
         what="the worker did not let go of the test's tasks",
     )
 

@@ -25,21 +25,14 @@ from django.test import Client as Browser
 from tasks_app import lifecycle, selectors
 from tasks_app.admin import BoundedCountAdmin, TaskAdmin
 from tasks_app.exceptions import ServerRestarted
-from tasks_app.models import (
-    Client,
-    IdempotencyKey,
-    ModelRecord,
-    ResponseStatus,
-    Task,
-    TaskEvent,
-    TaskStatus,
-)
-from tasks_app.objects import message_item
+from tasks_app.models import Client, IdempotencyKey, ModelRecord, Task, TaskEvent
 from tasks_app.services.idempotency import idempotency_claim
-from tasks_app.services.models import model_scan
+from tasks_app.services.model_scan import model_scan
+from tasks_app.states import TaskStatus
 
 S = TaskStatus
 ITEM_ID = "msg_01ADMINTEST0000000000000000"
+WORKER = "w@host"
 
 TASKS = "/admin/tasks_app/task/"
 EVENTS = "/admin/tasks_app/taskevent/"
@@ -53,14 +46,15 @@ def task_url(task_id: str, action: str = "change") -> str:
     return f"{TASKS}{task_id}/{action}/"
 
 
-def delta(text: str) -> tuple[str, dict]:
-    return ("response.output_text.delta", {"item_id": ITEM_ID, "output_index": 0, "content_index": 0, "delta": text})
+def append(task_id: str, texts: list[str], **kwargs) -> lifecycle.TransitionResult:
+    """A batch of deltas from the worker, leaving the task's output count as it was unless given."""
+    kwargs.setdefault("output_tokens", Task.objects.values_list("output_tokens", flat=True).get(pk=task_id))
+    return lifecycle.task_progress(task_id=task_id, worker=WORKER, item_id=ITEM_ID, deltas=texts, **kwargs)
 
 
 def start_running(task_id: str) -> None:
-    assert lifecycle.task_transition(task_id=task_id, to=S.LOADING, task_changes={"worker": "w@host"}).won
-    opened = ("response.output_item.added", {"output_index": 0, "item": message_item(ITEM_ID, None, "in_progress")})
-    assert lifecycle.task_transition(task_id=task_id, to=S.RUNNING, events=[opened]).won
+    assert lifecycle.task_claim(task_id=task_id, worker=WORKER).won
+    assert lifecycle.task_start(task_id=task_id, worker=WORKER, item_id=ITEM_ID).won
 
 
 @pytest.fixture
@@ -74,30 +68,20 @@ def new_task(make_client, demo_model) -> Callable[..., Task]:
         )
         if status == S.FAILED:
             problem = ServerRestarted("the server restarted while the task ran").to_problem()
-            assert lifecycle.task_transition(task_id=task.id, to=S.FAILED, error=problem).won
+            assert lifecycle.task_fail(task_id=task.id, error=problem).won
         elif status == S.CANCELLED:
-            assert lifecycle.task_transition(task_id=task.id, to=S.CANCELLED).won
+            assert lifecycle.task_cancel_queued(task_id=task.id).won
         elif status == S.LOADING:
-            assert lifecycle.task_transition(task_id=task.id, to=S.LOADING, task_changes={"worker": "w@host"}).won
+            assert lifecycle.task_claim(task_id=task.id, worker=WORKER).won
         elif status in (S.RUNNING, S.CANCELLING, S.SUCCEEDED):
             start_running(task.id)
-            assert lifecycle.task_append_events(
-                task_id=task.id,
-                events=[delta("Hel"), delta("lo "), delta("world")],
-                snapshot={"token_ids": [11, 12, 13], "state": {"offset": 3}},
-                task_changes={"output_tokens": 3},
-            ).won
+            snapshot = {"token_ids": [11, 12, 13], "state": {"offset": 3}}
+            assert append(task.id, ["Hel", "lo ", "world"], snapshot=snapshot, output_tokens=3).won
             if status == S.CANCELLING:
-                assert lifecycle.task_transition(task_id=task.id, to=S.CANCELLING).won
+                assert lifecycle.task_request_cancel(task_id=task.id).won
             if status == S.SUCCEEDED:
-                assert lifecycle.task_transition(
-                    task_id=task.id,
-                    to=S.SUCCEEDED,
-                    events=[("response.output_text.done", {"item_id": ITEM_ID, "text": "Hello world"})],
-                    response_changes={
-                        "status": ResponseStatus.COMPLETED,
-                        "output": [message_item(ITEM_ID, "Hello world", "completed")],
-                    },
+                assert lifecycle.task_succeed(
+                    task_id=task.id, worker=WORKER, item_id=ITEM_ID, text="Hello world", usage=None, output_tokens=3
                 ).won
         return Task.objects.select_related("response").get(pk=task.id)
 
@@ -173,7 +157,7 @@ def test_large_lists_render_in_a_fixed_number_of_queries_without_counting_the_ta
 def test_a_task_events_list_costs_the_same_for_a_long_log(admin_client, new_task, django_assert_num_queries):
     short, long = new_task(S.RUNNING), new_task(S.RUNNING)
     for _ in range(30):
-        lifecycle.task_append_events(task_id=long.id, events=[delta("x")] * 10)
+        append(long.id, ["x"] * 10)
     for task in (short, long):
         with django_assert_num_queries(LIST_QUERIES[EVENTS]):
             assert admin_client.get(f"{EVENTS}?task={task.id}").status_code == 200
@@ -273,7 +257,7 @@ def test_a_running_task_page_shows_request_text_snapshot_events_and_opens_its_st
 def test_the_pages_text_stops_at_its_cursor_so_the_stream_adds_nothing_twice(new_task):
     task = new_task(S.RUNNING)
     cursor = task.last_sequence
-    lifecycle.task_append_events(task_id=task.id, events=[delta("!"), delta("?")])
+    append(task.id, ["!", "?"])
     assert selectors.task_output_text_until(task_id=task.id, last_sequence=cursor) == "Hello world"
     assert selectors.task_output_text_until(task_id=task.id, last_sequence=cursor + 2) == "Hello world!?"
 
@@ -299,7 +283,7 @@ def test_a_failed_task_page_shows_the_problem(admin_client, new_task):
 def test_the_events_link_lists_one_tasks_whole_log_in_order_read_only(admin_client, new_task):
     task = new_task(S.RUNNING)
     other = new_task(S.RUNNING)
-    lifecycle.task_append_events(task_id=task.id, events=[delta(f"{n} ") for n in range(150)])
+    append(task.id, [f"{n} " for n in range(150)])
     last = Task.objects.get(pk=task.id).last_sequence
 
     first = admin_client.get(EVENTS, {"task": task.id})

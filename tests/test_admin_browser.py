@@ -23,9 +23,10 @@ from django.contrib.auth.models import User
 from django.db import connections
 
 from tasks_app import selectors
-from tasks_app.models import Task, TaskEvent, TaskStatus
+from tasks_app.models import Task, TaskEvent
+from tasks_app.states import TaskStatus
+from tests.support.tasks import create, wait_for_status
 from tests.support.waiting import wait_until
-from tests.test_worker import create, wait_for_status
 
 CHROMIUM = Path("/usr/bin/chromium")
 TEXT = "document.getElementById('lmsp-live-text').textContent"

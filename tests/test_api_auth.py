@@ -8,9 +8,10 @@ import json
 import pytest
 from django.db import connection
 
-from tasks_app.models import Client, Response, Task, TaskStatus
+from tasks_app.models import Client, Response, Task
 from tasks_app.services.clients import client_revoke
-from tests.conftest import ApiClient
+from tasks_app.states import TaskStatus
+from tests.support.api import ApiClient
 from tests.support.problems import assert_problem
 
 

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from tasks_app.models import IdempotencyKey, Response, Task, TaskEvent
-from tests.conftest import ApiClient
+from tests.support.api import ApiClient
 from tests.support.problems import assert_problem
 
 TASKS = "/lmsp/v1/tasks"

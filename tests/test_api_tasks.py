@@ -11,7 +11,9 @@ from tasks_app import lifecycle
 from tasks_app.api.views import TaskCollectionView
 from tasks_app.exceptions import BackendError
 from tasks_app.ids import is_prefixed_ulid
-from tasks_app.models import RestartPolicy, Task, TaskEvent, TaskStatus
+from tasks_app.models import Task, TaskEvent
+from tasks_app.states import RestartPolicy, TaskStatus
+from tests.support import moves
 from tests.support.db import count_rows
 
 S = TaskStatus
@@ -33,7 +35,7 @@ TASK_FIELDS = [
 def advance(task_id: str, *steps: TaskStatus) -> None:
     for step in steps:
         kwargs = {"error": BackendError("boom").to_problem()} if step == S.FAILED else {}
-        assert lifecycle.task_transition(task_id=task_id, to=step, **kwargs).won
+        assert moves.move(task_id, step, **kwargs).won
 
 
 def test_create_answers_202_with_the_task_object(api):
@@ -124,13 +126,13 @@ def test_get_unknown_task(api):
 def test_succeeded_task_carries_its_response(api):
     task_id = api.create_task().json()["id"]
     advance(task_id, S.LOADING, S.RUNNING)
-    lifecycle.task_transition(
+    lifecycle.task_succeed(
         task_id=task_id,
-        to=S.SUCCEEDED,
-        response_changes={
-            "output": [{"id": "msg_x", "type": "message", "role": "assistant", "content": []}],
-            "usage": {"input_tokens": 3, "output_tokens": 4, "total_tokens": 7},
-        },
+        worker=moves.WORKER,
+        item_id="msg_x",
+        text="",
+        usage={"input_tokens": 3, "output_tokens": 4, "total_tokens": 7},
+        output_tokens=4,
     )
     body = api.get(f"/lmsp/v1/tasks/{task_id}").json()
     assert body["status"] == "succeeded"

@@ -1,7 +1,7 @@
 """The ONNX Runtime backend on the real demo model: KV cache, sampling, streaming text, resume, loading.
 
 No mocks: every test runs real ONNX Runtime sessions on the tiny random
-Qwen2-style model from ``workers.demo_model``. No database is touched.
+Qwen2-style model from ``fixture_models.demo``. No database is touched.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from tasks_app.exceptions import BackendError, InvalidRequest, ModelLoadFailed
+from fixture_models.demo import _bytes_to_unicode
 from workers.backends import get_backend
 from workers.backends import onnx as onnx_backend
 from workers.backends.base import (
@@ -28,9 +28,9 @@ from workers.backends.base import (
     Step,
 )
 from workers.backends.detokenizer import StopFilter, StreamDetokenizer
+from workers.backends.errors import GenerationError, ModelLoadError, PromptRejected
 from workers.backends.onnx import OnnxGeneration, OnnxModel, OnnxRuntimeBackend, cuda_device_count
 from workers.backends.sampling import Sampler, SamplingDefaults
-from workers.demo_model import _bytes_to_unicode
 
 PROMPT = {"instructions": "Tell a story.", "input": "The lighthouse keeper climbed the stairs"}
 NON_ASCII_PROMPT = {"input": "Grüße, 東京 🚀 — café, naïve, 서울"}
@@ -231,7 +231,7 @@ def test_resume_rejects_a_broken_snapshot(model: OnnxModel, prompt: list[int]) -
         {**snapshot, "released_chars": 10**6},
         {k: v for k, v in snapshot.items() if k != "rng_state"},
     ):
-        with pytest.raises(BackendError):
+        with pytest.raises(GenerationError):
             model.resume(broken, SamplingParams(seed=1, max_output_tokens=5), should_stop=never)
 
 
@@ -386,7 +386,7 @@ def test_context_window_limits_output_and_rejects_long_prompts(model_dir: Path, 
     assert generation.output_tokens == 40 - len(prompt)
     long_prompt = model.prompt_ids({"input": "The old lighthouse keeper climbed the spiral stairs every evening."})
     assert len(long_prompt) >= 40
-    with pytest.raises(BackendError, match="context window"):
+    with pytest.raises(GenerationError, match="context window"):
         model.generate(long_prompt, SamplingParams(), should_stop=never)
 
 
@@ -461,7 +461,7 @@ def test_sampler_state_round_trips_through_json() -> None:
     restored = Sampler(temperature=1.3, top_p=0.95, seed=1)
     restored.set_state(state)
     assert [restored.sample(logits) for _ in range(40)] == expected
-    with pytest.raises(BackendError):
+    with pytest.raises(GenerationError):
         restored.set_state({"bit_generator": "PCG64"})
 
 
@@ -473,9 +473,9 @@ def test_sampling_defaults_come_from_generation_config() -> None:
     greedy = SamplingDefaults.from_generation_config({"do_sample": False, "temperature": 0.7})
     assert greedy.resolve(None, None) == (0.0, 1.0)
     assert greedy.resolve(0.9, None) == (0.9, 1.0)
-    with pytest.raises(BackendError):
+    with pytest.raises(GenerationError):
         SamplingDefaults().resolve(-1.0, None)
-    with pytest.raises(BackendError):
+    with pytest.raises(GenerationError):
         SamplingDefaults().resolve(None, 0.0)
 
 
@@ -531,7 +531,7 @@ def test_prompt_without_template_and_with_a_raising_template(model_dir: Path, tm
     )
     model = OnnxRuntimeBackend().load(strict, device="cpu")
     assert model.render_prompt({"input": "Hi"}) == "<|endoftext|>Hi"
-    with pytest.raises(InvalidRequest, match="no system role"):
+    with pytest.raises(PromptRejected, match="no system role"):
         model.prompt_ids({"instructions": "Sys", "input": "Hi"})
 
 
@@ -540,13 +540,13 @@ def test_prompt_without_template_and_with_a_raising_template(model_dir: Path, tm
 # --------------------------------------------------------------------------- #
 
 
-def assert_load_fails(folder: Path, needle: str, **kwargs: Any) -> ModelLoadFailed:
-    with pytest.raises(ModelLoadFailed) as caught:
+def assert_load_fails(folder: Path, needle: str, **kwargs: Any) -> ModelLoadError:
+    with pytest.raises(ModelLoadError) as caught:
         OnnxRuntimeBackend().load(folder, **kwargs)
     error = caught.value
-    assert error.code == "model_load_failed"
-    assert needle in error.detail
-    assert "Traceback" not in error.detail and "\n" not in error.detail
+    assert type(error) is ModelLoadError  # what workers.execution reports as model_load_failed
+    assert needle in str(error)
+    assert "Traceback" not in str(error) and "\n" not in str(error)
     return error
 
 
@@ -573,11 +573,11 @@ def test_cpu_device_and_registry(model_dir: Path) -> None:
     assert model.provider == "CPUExecutionProvider" and model.device_type == "cpu"
     assert model.resumable is True and model.context_length == 8192
     model.close()
-    with pytest.raises(BackendError, match="closed"):
+    with pytest.raises(GenerationError, match="closed"):
         model.generate([1, 2, 3], SamplingParams(), should_stop=never)
-    with pytest.raises(ModelLoadFailed) as caught:
+    with pytest.raises(ModelLoadError) as caught:
         get_backend("llama.cpp")
-    assert caught.value.code == "model_load_failed"
+    assert type(caught.value) is ModelLoadError  # what workers.execution reports as model_load_failed
 
 
 def test_auto_and_cuda_devices_follow_what_the_machine_has(
@@ -600,7 +600,7 @@ def test_cuda_fallback_is_detected_after_session_creation(model_dir: Path, monke
     if CUDA_READY:  # nothing falls back on such a machine: the real CUDA session must come up
         assert OnnxRuntimeBackend().load(model_dir, device="cuda").provider == "CUDAExecutionProvider"
         return
-    monkeypatch.setattr(onnx_backend, "cuda_device_count", lambda: 1)
+    monkeypatch.setattr(onnx_backend.session, "cuda_device_count", lambda: 1)
     if "CUDAExecutionProvider" in ort.get_available_providers():
         assert_load_fails(model_dir, "fell back", device="cuda")
     else:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from tasks_app.models import Task, TaskStatus
+from tasks_app.models import Task
+from tasks_app.states import TaskStatus
 from tests.support.sse import call
 from tests.support.waiting import wait_until
 

@@ -9,7 +9,8 @@ from collections import defaultdict
 import pytest
 
 from tasks_app import lifecycle
-from tasks_app.models import Task, TaskEvent, TaskStatus
+from tasks_app.models import Task, TaskEvent
+from tasks_app.states import TaskStatus
 from tests.support import procs
 from tests.support.db import database_url
 
@@ -24,8 +25,8 @@ def test_cancel_vs_completion_each_task_ends_once(make_client, demo_model):
     ids = []
     for _ in range(TASKS):
         task = lifecycle.task_insert(client=client, request={"model": "demo", "input": "x"}, model="demo")
-        lifecycle.task_transition(task_id=task.id, to=TaskStatus.LOADING)
-        lifecycle.task_transition(task_id=task.id, to=TaskStatus.RUNNING)
+        lifecycle.task_claim(task_id=task.id, worker=procs.WORKER)
+        lifecycle.task_start(task_id=task.id, worker=procs.WORKER, item_id="msg_race")
         ids.append(task.id)
 
     ctx = multiprocessing.get_context("spawn")

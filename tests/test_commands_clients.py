@@ -18,7 +18,7 @@ from django.utils import timezone
 
 from tasks_app.models import Client, PairingCode, Task
 from tasks_app.services.clients import token_digest
-from tests.conftest import ApiClient
+from tests.support.api import ApiClient
 from tests.support.problems import assert_problem
 
 PAIR = "/lmsp/v1/pair"

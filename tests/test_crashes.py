@@ -17,17 +17,11 @@ import re
 import redis
 from django.db.models import Exists, OuterRef
 
-from tasks_app.models import (
-    ACTIVE_TASK_STATUSES,
-    IdempotencyKey,
-    IdempotencyState,
-    Response,
-    Task,
-    TaskEvent,
-    TaskStatus,
-)
+from tasks_app import states
+from tasks_app.broker import RUN_TASK
+from tasks_app.models import IdempotencyKey, IdempotencyState, Response, Task, TaskEvent
 from tasks_app.notify import key
-from tasks_app.services.dispatch import RUN_TASK
+from tasks_app.states import TaskStatus
 from tests.support.crash import post_json, post_until_killed
 from tests.support.server import uvicorn_process
 from tests.support.sse import call
@@ -68,7 +62,7 @@ def half_written() -> dict[str, list]:
 
 
 def active_tasks() -> list[tuple[str, str]]:
-    return list(Task.objects.filter(status__in=ACTIVE_TASK_STATUSES).values_list("id", "status"))
+    return list(Task.objects.filter(status__in=states.ACTIVE).values_list("id", "status"))
 
 
 def swept_ids(log: str) -> set[str]:

@@ -1,4 +1,4 @@
-"""Tests for workers.demo_model: the tiny Qwen2-style ONNX model used in place of real weights."""
+"""Tests for fixture_models.demo: the tiny Qwen2-style ONNX model used in place of real weights."""
 
 from __future__ import annotations
 
@@ -16,12 +16,12 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from onnx import numpy_helper
 from tokenizers import Tokenizer
 
-from workers.demo_model import DEMO_SIZES, SPECIAL_TOKENS, build_demo_model
+from fixture_models.demo import DEMO_SIZES, SPECIAL_TOKENS, build_demo_model
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 BUILD_SCRIPT = (
     "import sys, pathlib\n"
-    "from workers.demo_model import build_demo_model\n"
+    "from fixture_models.demo import build_demo_model\n"
     "build_demo_model(pathlib.Path(sys.argv[1]))\n"
 )
 EXPECTED_FILES = {

@@ -9,9 +9,10 @@ from datetime import timedelta
 from django.conf import settings
 from django.utils import timezone
 
-from tasks_app.models import Task, TaskStatus
+from tasks_app.models import Task
 from tasks_app.notify import key, redis_client
 from tasks_app.services.dispatch import queued_tasks_sweep
+from tasks_app.states import TaskStatus
 from tests.support.queues import queued_ids
 
 

@@ -12,7 +12,7 @@ from django.utils import timezone
 from tasks_app.exceptions import IdempotencyKeyInUse
 from tasks_app.models import IdempotencyKey, IdempotencyState, Task, TaskEvent
 from tasks_app.services.idempotency import idempotency_claim, request_digest
-from tests.conftest import ApiClient
+from tests.support.api import ApiClient
 
 BODY = {"type": "response", "input": {"model": "demo", "input": "Write a long report."}, "on_restart": "retry"}
 

@@ -28,7 +28,7 @@ import pytest
 from django.conf import settings
 from django.db import connection
 
-from tests.conftest import REDIS_PREFIX
+from tests.support.namespace import REDIS_PREFIX
 from tests.support.server import REPO, free_port
 from tests.support.waiting import wait_until
 

@@ -6,9 +6,11 @@ import json
 
 import pytest
 
-from tasks_app import lifecycle, selectors
+from tasks_app import lifecycle, selectors, states
 from tasks_app.exceptions import ServerRestarted, TaskNotFound, TransitionNotAllowed
-from tasks_app.models import ResponseStatus, Task, TaskEvent, TaskStatus
+from tasks_app.models import Task, TaskEvent
+from tasks_app.states import ResponseStatus, TaskStatus
+from tests.support import moves
 
 S = TaskStatus
 ALL = list(S)
@@ -41,7 +43,7 @@ ALLOWED = {
 def move(task_id: str, to: TaskStatus, **kwargs) -> lifecycle.TransitionResult:
     if to == S.FAILED:
         kwargs.setdefault("error", FAILURE)
-    return lifecycle.task_transition(task_id=task_id, to=to, **kwargs)
+    return moves.move(task_id, to, **kwargs)
 
 
 @pytest.fixture
@@ -62,9 +64,16 @@ def events_of(task: Task) -> list[dict]:
 
 
 def test_table_is_chapter_7_2():
-    table = {(src, dst) for src, targets in lifecycle.TRANSITIONS.items() for dst in targets}
+    table = {(src, dst) for src, targets in states.TRANSITIONS.items() for dst in targets}
     assert table == ALLOWED
-    assert lifecycle.TERMINAL == {S.SUCCEEDED, S.FAILED, S.CANCELLED}
+    assert states.TERMINAL == {S.SUCCEEDED, S.FAILED, S.CANCELLED}
+
+
+def test_the_verbs_make_exactly_the_moves_of_the_table():
+    made = {(src, move.to) for move in lifecycle.MOVES.values() if move.to is not None for src in move.sources}
+    assert made == ALLOWED
+    # The verbs that keep the status only ever touch unfinished tasks.
+    assert all(move.sources <= states.ACTIVE for move in lifecycle.MOVES.values() if move.to is None)
 
 
 @pytest.mark.parametrize("source", ALL)
@@ -123,26 +132,15 @@ def test_creation_writes_event_zero_with_queued_response(new_task):
 
 def test_full_run_numbers_events_contiguously(new_task):
     task = new_task(S.LOADING)
-    running = move(
-        task.id,
-        S.RUNNING,
-        events=[("response.output_item.added", {"output_index": 0}), ("response.content_part.added", {})],
-    )
+    running = move(task.id, S.RUNNING)
     assert [e.type for e in running.events] == [
         "response.in_progress",
         "response.output_item.added",
         "response.content_part.added",
     ]
-    deltas = lifecycle.task_append_events(
-        task_id=task.id, events=[("response.output_text.delta", {"delta": d}) for d in ("a", "b", "c")]
-    )
+    deltas = moves.progress(task.id, ["a", "b", "c"])
     assert deltas.won
-    done = move(
-        task.id,
-        S.SUCCEEDED,
-        events=[("response.output_text.done", {"text": "abc"})],
-        response_changes={"status": ResponseStatus.INCOMPLETE, "incomplete_details": {"reason": "max_output_tokens"}},
-    )
+    done = move(task.id, S.SUCCEEDED, text="abc", incomplete=True)
     assert done.won
     log = events_of(task)
     assert [e["sequence_number"] for e in log] == list(range(len(log)))
@@ -167,32 +165,38 @@ def test_failure_stores_problem_on_task_and_response(new_task):
 def test_failed_needs_an_error(new_task):
     task = new_task()
     with pytest.raises(TransitionNotAllowed):
-        lifecycle.task_transition(task_id=task.id, to=S.FAILED)
+        lifecycle.task_fail(task_id=task.id, error=None)
 
 
 def test_append_events_refused_after_cancel(new_task):
     task = new_task(S.RUNNING)
     move(task.id, S.CANCELLING)
-    result = lifecycle.task_append_events(task_id=task.id, events=[("response.output_text.delta", {"delta": "x"})])
+    result = moves.progress(task.id, ["x"])
     assert not result.won
-    assert [e["type"] for e in events_of(task)][-1] == "response.in_progress"
+    # The log ends where the start left it (in_progress, the opened item and part).
+    assert [e["type"] for e in events_of(task)][-1] == "response.content_part.added"
 
 
-def test_append_events_to_terminal_status_is_a_programming_error(new_task):
+def test_a_verb_asked_to_move_from_a_terminal_status_is_a_programming_error(new_task):
     task = new_task(S.RUNNING)
     with pytest.raises(TransitionNotAllowed):
-        lifecycle.task_append_events(task_id=task.id, expected=[S.SUCCEEDED], events=[("x", {})])
+        lifecycle.task_fail(task_id=task.id, error=FAILURE, sources=[S.SUCCEEDED])
+    with pytest.raises(TransitionNotAllowed):
+        lifecycle.task_request_cancel(task_id=task.id, sources=[S.CANCELLED])
+    task.refresh_from_db()
+    assert task.status == S.RUNNING
 
 
 def test_only_succeeded_chooses_the_response_status(new_task):
     task = new_task(S.RUNNING)
-    with pytest.raises(TransitionNotAllowed):
-        move(task.id, S.CANCELLING, response_changes={"status": ResponseStatus.COMPLETED})
+    assert move(task.id, S.CANCELLING).won
+    task.refresh_from_db()
+    assert task.response.status == ResponseStatus.IN_PROGRESS
 
 
 def test_unknown_task(db):
     with pytest.raises(TaskNotFound):
-        lifecycle.task_transition(task_id="task_01ARZ3NDEKTSV4RRFFQ69G5FAV", to=S.LOADING)
+        lifecycle.task_claim(task_id="task_01ARZ3NDEKTSV4RRFFQ69G5FAV", worker=moves.WORKER)
 
 
 def test_database_refuses_a_second_terminal_event(new_task):
@@ -229,10 +233,9 @@ def test_delta_batch_query_count(new_task, django_assert_num_queries):
     """A batch of deltas costs three statements whatever its size, and never
     reads the response (prompt and output) it does not change."""
     task = new_task(S.RUNNING)
-    events = [("response.output_text.delta", {"delta": str(i)}) for i in range(32)]
     # UPDATE task (compare-and-set), SELECT task, INSERT events.
     with django_assert_num_queries(3):
-        assert lifecycle.task_append_events(task_id=task.id, events=events).won
+        assert moves.progress(task.id, [str(i) for i in range(32)]).won
 
 
 def snapshot(ids: list[int], n: int) -> dict:
@@ -242,12 +245,8 @@ def snapshot(ids: list[int], n: int) -> dict:
 def test_a_batch_appends_its_snapshot_row_with_its_events(new_task):
     task = new_task(S.RUNNING)
 
-    first = lifecycle.task_append_events(
-        task_id=task.id, events=[("response.output_text.delta", {"delta": "a"})], snapshot=snapshot([1], 1)
-    )
-    second = lifecycle.task_append_events(
-        task_id=task.id, events=[("response.output_text.delta", {"delta": "b"})], snapshot=snapshot([2, 3], 2)
-    )
+    first = moves.progress(task.id, ["a"], snapshot=snapshot([1], 1))
+    second = moves.progress(task.id, ["b"], snapshot=snapshot([2, 3], 2))
 
     assert first.won and second.won
     stored = selectors.task_snapshot_get(task_id=task.id)
@@ -260,13 +259,11 @@ def test_a_batch_appends_its_snapshot_row_with_its_events(new_task):
 
 def test_a_lost_batch_writes_neither_events_nor_snapshot(new_task):
     task = new_task(S.RUNNING)
-    lifecycle.task_append_events(task_id=task.id, snapshot=snapshot([1], 1))
+    moves.progress(task.id, [], snapshot=snapshot([1], 1))
     assert move(task.id, S.CANCELLING).won
     before = TaskEvent.objects.filter(task=task).count()
 
-    lost = lifecycle.task_append_events(
-        task_id=task.id, events=[("response.output_text.delta", {"delta": "late"})], snapshot=snapshot([2], 2)
-    )
+    lost = moves.progress(task.id, ["late"], snapshot=snapshot([2], 2))
 
     assert not lost.won
     assert TaskEvent.objects.filter(task=task).count() == before
@@ -275,7 +272,7 @@ def test_a_lost_batch_writes_neither_events_nor_snapshot(new_task):
 
 def test_a_finished_task_keeps_no_snapshot(new_task):
     task = new_task(S.RUNNING)
-    lifecycle.task_append_events(task_id=task.id, snapshot=snapshot([1, 2], 1))
+    moves.progress(task.id, [], snapshot=snapshot([1, 2], 1))
 
     assert move(task.id, S.SUCCEEDED).won
 
@@ -285,11 +282,11 @@ def test_a_finished_task_keeps_no_snapshot(new_task):
 def test_a_batch_of_deltas_costs_a_fixed_number_of_queries(new_task, django_assert_num_queries):
     """The worker's hot path: compare-and-set, read back, insert the events, append the snapshot row."""
     task = new_task(S.RUNNING)
-    lifecycle.task_append_events(task_id=task.id, snapshot=snapshot([1], 1))
-    deltas = [("response.output_text.delta", {"delta": str(n)}) for n in range(16)]
+    moves.progress(task.id, [], snapshot=snapshot([1], 1))
+    deltas = [str(n) for n in range(16)]
 
     with django_assert_num_queries(4):
-        result = lifecycle.task_append_events(task_id=task.id, events=deltas, snapshot=snapshot(list(range(16)), 2))
+        result = moves.progress(task.id, deltas, snapshot=snapshot(list(range(16)), 2))
 
     assert result.won
     assert len(result.events) == 16

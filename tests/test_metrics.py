@@ -21,7 +21,9 @@ from django.test import Client as HttpClient
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as openmetrics_families
 from prometheus_client.parser import text_string_to_metric_families
 
-from tasks_app.metrics import (
+from tasks_app import states
+from tasks_app.models import Task, TaskEvent
+from tasks_app.prometheus import (
     TIME_TO_FIRST_TOKEN,
     Scrape,
     active_tasks_grouped,
@@ -32,15 +34,14 @@ from tasks_app.metrics import (
     worker_key,
     workers_key,
 )
-from tasks_app.models import ACTIVE_TASK_STATUSES, Task, TaskEvent
-from tests.conftest import REDIS_PREFIX, is_postgres
-from tests.support.db import database_url
+from tests.support.db import database_url, is_postgres
+from tests.support.namespace import REDIS_PREFIX
 from tests.support.server import REPO, free_port, uvicorn_process
 from tests.support.sse import open_stream
+from tests.support.tasks import create, wait_for_status
 from tests.support.waiting import wait_until
 from tests.support.worker import private_redis
-from tests.test_worker import create, wait_for_status
-from workers.metrics import FLUSH_INTERVAL_SECONDS, Recorder, node_name
+from workers.run_metrics import FLUSH_INTERVAL_SECONDS, Recorder, node_name
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
@@ -195,7 +196,7 @@ def test_finished_counters_and_worker_histograms_after_real_tasks(api, running_w
 
     workers = {dict(labels).get("worker") for name, labels in after if name.startswith("lmsp_event_batch")}
     assert worker in workers and worker.startswith("test@")
-    for status in map(str, ACTIVE_TASK_STATUSES):
+    for status in map(str, states.in_declaration_order(states.ACTIVE)):
         assert value(after, "lmsp_tasks_active", status=status) == Task.objects.filter(status=status).count()
     assert value(after, "lmsp_redis_up") == 1 and value(after, "lmsp_database_up") == 1
 

@@ -12,7 +12,7 @@ import pytest
 from django.core.management import call_command
 
 from tasks_app.models import ModelRecord
-from tasks_app.services.models import model_scan
+from tasks_app.services.model_scan import model_scan
 
 
 @pytest.fixture

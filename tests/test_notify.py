@@ -8,8 +8,8 @@ import pytest
 from django.db import transaction
 
 from tasks_app import lifecycle
-from tasks_app.models import TaskStatus
 from tasks_app.notify import redis_client, tasks_channel
+from tasks_app.states import TaskStatus
 
 
 @pytest.fixture
@@ -34,7 +34,7 @@ def test_a_committed_move_is_announced_with_its_status_and_sequence(
     client, _ = make_client()
     task = lifecycle.task_insert(client=client, request={"model": "demo", "input": "x"}, model="demo")
 
-    lifecycle.task_transition(task_id=task.id, to=TaskStatus.CANCELLED)
+    lifecycle.task_cancel_queued(task_id=task.id)
 
     assert received(subscription) == [{"task_id": task.id, "status": "cancelled", "last_sequence": 1}]
 
@@ -44,7 +44,7 @@ def test_a_rolled_back_move_is_not_announced(transactional_db, make_client, demo
     task = lifecycle.task_insert(client=client, request={"model": "demo", "input": "x"}, model="demo")
 
     with pytest.raises(RuntimeError), transaction.atomic():
-        lifecycle.task_transition(task_id=task.id, to=TaskStatus.CANCELLED)
+        lifecycle.task_cancel_queued(task_id=task.id)
         raise RuntimeError("roll back")
 
     assert received(subscription) == []
@@ -55,10 +55,10 @@ def test_a_rolled_back_move_is_not_announced(transactional_db, make_client, demo
 def test_a_lost_compare_and_set_is_not_announced(transactional_db, make_client, demo_model, subscription):
     client, _ = make_client()
     task = lifecycle.task_insert(client=client, request={"model": "demo", "input": "x"}, model="demo")
-    lifecycle.task_transition(task_id=task.id, to=TaskStatus.CANCELLED)
+    lifecycle.task_cancel_queued(task_id=task.id)
     received(subscription)
 
-    lost = lifecycle.task_transition(task_id=task.id, to=TaskStatus.LOADING, sources=[TaskStatus.QUEUED])
+    lost = lifecycle.task_claim(task_id=task.id, worker="w@host/1")
 
     assert not lost.won
     assert received(subscription) == []

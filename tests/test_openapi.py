@@ -25,8 +25,8 @@ from tasks_app.models import IdempotencyKey, ModelRecord, Task
 from tasks_app.services.clients import pairing_code_create
 from tasks_app.services.retention import retention_cleanup
 from tests.support.sse import open_stream
+from tests.support.tasks import wait_for_status
 from tests.support.waiting import wait_until
-from tests.test_worker import wait_for_status
 
 API = "/lmsp/v1/"
 SCHEMA_PATH = "/lmsp/v1/openapi.json"

@@ -22,15 +22,17 @@ import pytest
 from django.db import connection, transaction
 from django.utils import timezone
 
-from tasks_app import lifecycle
+from tasks_app import lifecycle, states
 from tasks_app.exceptions import QueueFull, ServerRestarted
-from tasks_app.models import ACTIVE_TASK_STATUSES, RestartPolicy, Task, TaskStatus
+from tasks_app.models import Task
 from tasks_app.notify import key, redis_client
 from tasks_app.querying import status_in
 from tasks_app.services.dispatch import queued_tasks_sweep
 from tasks_app.services.recovery import LiveWorkers, abandoned_tasks_reap, leftover_tasks_recover
 from tasks_app.services.retention import retention_cleanup
 from tasks_app.services.tasks import task_accept
+from tasks_app.states import RestartPolicy, TaskStatus
+from tests.support import moves
 from tests.support.states import PATHS
 
 S = TaskStatus
@@ -86,14 +88,12 @@ def make_task(make_client, demo_model) -> Callable[..., str]:
         Task.objects.filter(pk=task.id).update(on_restart=policy)
         then = timezone.now() - timedelta(seconds=age)
         for step in PATHS[status]:
-            moved = lifecycle.task_transition(
-                task_id=task.id,
-                to=step,
-                task_changes={"worker": GHOST, "heartbeat_at": then, "attempts": 1} if step == S.LOADING else None,
-                error=FAILURE if step == S.FAILED else None,
-            )
+            moved = moves.move(task.id, step, worker=GHOST, error=FAILURE) if step == S.FAILED else None
+            moved = moved or moves.move(task.id, step, worker=GHOST)
             assert moved.won, (task.id, step)
         Task.objects.filter(pk=task.id).update(updated_at=then)
+        if status in states.HELD:
+            Task.objects.filter(pk=task.id).update(heartbeat_at=then)
         return task.id
 
     return make
@@ -192,7 +192,7 @@ def test_retention_finds_expired_tasks_through_the_finished_index(make_task, set
 def test_a_status_filter_takes_only_task_statuses_and_matches_status_in(make_task):
     ids = {status: make_task(status) for status in S}
 
-    for wanted in ([S.QUEUED], [S.RUNNING, S.LOADING], ACTIVE_TASK_STATUSES, [S.FAILED], [S.QUEUED, S.SUCCEEDED]):
+    for wanted in ([S.QUEUED], [S.RUNNING, S.LOADING], states.ACTIVE, [S.FAILED], [S.QUEUED, S.SUCCEEDED]):
         found = set(Task.objects.filter(status_in(wanted)).values_list("pk", flat=True))
         assert found == {ids[status] for status in wanted}
         assert set(Task.objects.exclude(status_in(wanted)).values_list("pk", flat=True)) == set(ids.values()) - found

@@ -23,10 +23,12 @@ from typing import Any
 import pytest
 from django.core.management import call_command
 
-from tasks_app.models import Response, RestartPolicy, Task, TaskEvent, TaskSnapshot, TaskStatus
-from tasks_app.services.models import model_scan
-from tests.conftest import REDIS_PREFIX, ApiClient
+from tasks_app.models import Response, Task, TaskEvent, TaskSnapshot
+from tasks_app.services.model_scan import model_scan
+from tasks_app.states import RestartPolicy, TaskStatus
+from tests.support.api import ApiClient
 from tests.support.db import database_url
+from tests.support.namespace import REDIS_PREFIX
 from tests.support.server import uvicorn_process
 from tests.support.sse import call, open_stream
 from tests.support.waiting import wait_until

@@ -20,13 +20,14 @@ from django.utils import timezone
 
 from tasks_app import lifecycle
 from tasks_app.exceptions import ServerRestarted
-from tasks_app.models import RestartPolicy, Task, TaskEvent, TaskStatus
+from tasks_app.models import Task, TaskEvent
 from tasks_app.notify import key, redis_client
 from tasks_app.services.dispatch import queued_tasks_sweep
 from tasks_app.services.recovery import LiveWorkers, abandoned_tasks_reap, leftover_tasks_recover
 from tasks_app.services.tasks import task_cancel
-from tests.conftest import REDIS_PREFIX
+from tasks_app.states import RestartPolicy, TaskStatus
 from tests.support.db import database_url
+from tests.support.namespace import REDIS_PREFIX
 from tests.support.queues import queued_ids
 from tests.support.server import REPO
 
@@ -46,20 +47,17 @@ def held(make_client, demo_model, queue, settings):
         if status == S.QUEUED:
             return task.id
         beat = timezone.now() - timedelta(seconds=age)
-        changes = {"worker": GHOST, "heartbeat_at": beat, "attempts": attempts}
-        assert lifecycle.task_transition(task_id=task.id, to=S.LOADING, task_changes=changes).won
+        assert lifecycle.task_claim(task_id=task.id, worker=GHOST).won
         if status in (S.RUNNING, S.CANCELLING):
-            started = lifecycle.task_transition(
-                task_id=task.id,
-                to=S.RUNNING,
-                holder=GHOST,
-                events=[("response.output_item.added", {"output_index": 0, "item": {"id": "msg_1"}})],
-                task_changes={"heartbeat_at": beat, "output_tokens": 7},
-                snapshot={"token_ids": [], "state": {"item_id": "msg_1", "backend": {}}},
-            )
-            assert started.won
+            snapshot = {"token_ids": [], "state": {"item_id": "msg_1", "backend": {}}}
+            assert lifecycle.task_start(task_id=task.id, worker=GHOST, item_id="msg_1", snapshot=snapshot).won
+            assert lifecycle.task_progress(
+                task_id=task.id, worker=GHOST, item_id="msg_1", deltas=[], output_tokens=7
+            ).won
         if status == S.CANCELLING:
-            assert lifecycle.task_transition(task_id=task.id, to=S.CANCELLING).won
+            assert lifecycle.task_request_cancel(task_id=task.id).won
+        # The worker's last heartbeat, `age` seconds ago, after `attempts` starts.
+        Task.objects.filter(pk=task.id).update(heartbeat_at=beat, attempts=attempts)
         return task.id
 
     return make
@@ -168,9 +166,7 @@ def test_a_heartbeat_that_lands_after_the_reaper_looked_keeps_the_task(held):
     task_id = held(S.RUNNING, RestartPolicy.FAIL, age=120)
     seen = Task.objects.get(pk=task_id)
     # The worker was only slow: its heartbeat arrives between the reaper's read and its move.
-    assert lifecycle.task_append_events(
-        task_id=task_id, holder=GHOST, task_changes={"heartbeat_at": timezone.now()}
-    ).won
+    assert lifecycle.task_heartbeat(task_id=task_id, worker=GHOST).won
 
     result = lifecycle.task_recover(
         task_id=task_id, found=S.RUNNING, to=S.FAILED, worker=seen.worker, heartbeat_at=seen.heartbeat_at, error=FAILURE
@@ -185,9 +181,7 @@ def test_a_worker_that_lost_its_task_can_no_longer_write_to_it(held):
     abandoned_tasks_reap()
     assert lifecycle.task_adopt(task_id=task_id, worker="new@host/2").won
 
-    late = lifecycle.task_append_events(
-        task_id=task_id, holder=GHOST, events=[("response.output_text.delta", {"delta": "stale"})]
-    )
+    late = lifecycle.task_progress(task_id=task_id, worker=GHOST, item_id="msg_1", deltas=["stale"], output_tokens=8)
 
     assert not late.won
     assert not TaskEvent.objects.filter(task_id=task_id, type="response.output_text.delta").exists()

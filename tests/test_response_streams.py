@@ -7,9 +7,8 @@ import json
 import openai
 
 from tasks_app.models import Task, TaskEvent
+from tests.support.logs import as_rows, assert_well_formed_log, delta_text, stored
 from tests.support.sse import TERMINAL_TYPES, call, open_stream
-from tests.test_streams import as_rows, stored
-from tests.test_worker import assert_well_formed_log, delta_text
 
 BODY = {"model": "demo", "input": "Say something", "max_output_tokens": 24, "seed": 11, "stream": True}
 

@@ -16,20 +16,13 @@ from django.utils import timezone
 
 from tasks_app import lifecycle
 from tasks_app.exceptions import ServerRestarted
-from tasks_app.models import (
-    Client,
-    IdempotencyKey,
-    PairingCode,
-    Response,
-    Task,
-    TaskEvent,
-    TaskSnapshot,
-    TaskStatus,
-)
+from tasks_app.models import Client, IdempotencyKey, PairingCode, Response, Task, TaskEvent, TaskSnapshot
 from tasks_app.services.clients import pairing_code_create, pairing_code_redeem
 from tasks_app.services.idempotency import idempotency_claim, request_digest
 from tasks_app.services.retention import CleanupSummary, retention_cleanup
-from tests.conftest import ApiClient
+from tasks_app.states import TaskStatus
+from tests.support import moves
+from tests.support.api import ApiClient
 from tests.support.sse import call, open_stream
 from tests.support.states import PATHS
 
@@ -64,13 +57,13 @@ def make_task(
         path = [S.LOADING, S.RUNNING, S.CANCELLING, S.CANCELLED]
     for step in path:
         if step in (S.SUCCEEDED, S.FAILED, S.CANCELLING) and (deltas or snapshot):
-            events = [("response.output_text.delta", {"delta": f"d{i}"}) for i in range(deltas)]
-            appended = lifecycle.task_append_events(
-                task_id=task.id, events=events, snapshot={"token_ids": [1, 2, 3], "state": {}} if snapshot else None
+            texts = [f"d{i}" for i in range(deltas)]
+            appended = moves.progress(
+                task.id, texts, snapshot={"token_ids": [1, 2, 3], "state": {}} if snapshot else None
             )
             assert appended.won
             deltas, snapshot = 0, False
-        result = lifecycle.task_transition(task_id=task.id, to=step, error=FAILURE if step == S.FAILED else None)
+        result = moves.move(task.id, step, error=FAILURE) if step == S.FAILED else moves.move(task.id, step)
         assert result.won, (task.id, step)
     return Task.objects.get(pk=task.id)
 
@@ -99,7 +92,8 @@ def test_events_of_an_old_finished_task_go_and_the_task_answers_410_for_them(
     recent = make_task(client, S.CANCELLED)
     age(recent, EVENT_RETENTION - timedelta(hours=1))
     old_events, recent_events = event_count(old), event_count(recent)
-    assert old_events == 6  # created, in_progress, 3 deltas, completed
+    # created, in_progress, item and part added, 3 deltas, the three done events, completed
+    assert old_events == 11
 
     summary = retention_cleanup()
 
@@ -179,16 +173,13 @@ def test_unfinished_tasks_and_their_events_survive_however_old(owner):
         S.RUNNING: make_task(client, S.RUNNING),
         S.CANCELLING: make_task(client, S.CANCELLING, deltas=4, snapshot=True),
     }
-    lifecycle.task_append_events(
-        task_id=unfinished[S.RUNNING].pk,
-        events=[("response.output_text.delta", {"delta": "x"})],
-        snapshot={"token_ids": [1], "state": {}},
-    )
+    moves.progress(unfinished[S.RUNNING].pk, ["x"], snapshot={"token_ids": [1], "state": {}})
     finished = make_task(client, S.FAILED)
     for task in [*unfinished.values(), finished]:
         age(task, timedelta(days=3650))
     before = {status: event_count(task) for status, task in unfinished.items()}
-    assert before == {S.QUEUED: 1, S.LOADING: 1, S.RUNNING: 3, S.CANCELLING: 6}
+    # created; a start adds in_progress, the opened item and part; then the deltas.
+    assert before == {S.QUEUED: 1, S.LOADING: 1, S.RUNNING: 5, S.CANCELLING: 8}
     rows_before = {
         task.pk: (task.status, task.response_id, task.last_sequence)
         for task in Task.objects.filter(pk__in=[t.pk for t in unfinished.values()])
@@ -254,10 +245,10 @@ def deletes_on(table: str) -> Iterator[list[tuple[str, Any]]]:
 
 def test_cleanup_deletes_in_batches_of_at_most_batch_size_rows(owner):
     client, _ = owner
-    task = make_task(client, S.CANCELLED, deltas=2, cancel_from_running=True)
+    task = make_task(client, S.CANCELLED, cancel_from_running=True)
     age(task, EVENTS_EXPIRED)
     event_ids = set(TaskEvent.objects.filter(task_id=task.pk).values_list("pk", flat=True))
-    assert len(event_ids) == 5  # created, in_progress, 2 deltas, cancelled
+    assert len(event_ids) == 5  # created, in_progress, item and part added, cancelled
 
     with deletes_on("task_events") as statements:
         summary = retention_cleanup(batch_size=2)

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from tests.support.logs import as_rows, events_path, stored
 from tests.support.sse import call, open_stream
-from tests.test_streams import as_rows, events_path, stored
 
 
 def test_an_open_stream_survives_a_redis_restart_without_gap_or_duplicate(private_stack):

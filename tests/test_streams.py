@@ -9,24 +9,13 @@ from typing import Any
 
 import pytest
 
-from tasks_app.models import Task, TaskEvent, TaskStatus
+from tasks_app.models import Task, TaskEvent
+from tasks_app.states import TaskStatus
+from tests.support.logs import as_rows, assert_well_formed_log, delta_text, events_path, stored
 from tests.support.sse import TERMINAL_TYPES, SseEvent, call, open_stream
-from tests.test_worker import assert_well_formed_log, create, delta_text, wait_for_status
+from tests.support.tasks import create, wait_for_status
 
 TERMINAL = {"succeeded", "failed", "cancelled"}
-
-
-def events_path(task_id: str) -> str:
-    return f"/lmsp/v1/tasks/{task_id}/events"
-
-
-def stored(task_id: str) -> list[tuple[int, str, str]]:
-    rows = TaskEvent.objects.filter(task_id=task_id).order_by("sequence_number")
-    return [(row.sequence_number, row.type, row.payload) for row in rows]
-
-
-def as_rows(events: list[SseEvent]) -> list[tuple[int | None, str | None, str]]:
-    return [(event.id, event.event, event.data) for event in events]
 
 
 def final_text(api, task_id: str) -> str:

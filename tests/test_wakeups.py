@@ -6,8 +6,8 @@ import asyncio
 from collections.abc import Callable
 from pathlib import Path
 
+from tasks_app.event_feeds import Frame, TaskFeed
 from tasks_app.notify import publish, redis_client, tasks_channel
-from tasks_app.streams import Frame, TaskFeed
 from tasks_app.wakeups import Watch, wake_hub
 from tests.support.worker import private_redis
 

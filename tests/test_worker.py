@@ -13,22 +13,17 @@ import jinja2
 import pytest
 from tokenizers import Tokenizer
 
-from tasks_app.models import Task, TaskEvent, TaskStatus
+from fixture_models.demo import CHAT_TEMPLATE
+from tasks_app.models import Task, TaskEvent
 from tasks_app.selectors import task_snapshot_get
 from tasks_app.services.dispatch import task_dispatch
-from tasks_app.services.models import model_scan
+from tasks_app.services.model_scan import model_scan
+from tasks_app.states import TaskStatus
+from tests.support.logs import assert_well_formed_log, delta_text
+from tests.support.tasks import create, wait_for_status
 from tests.support.waiting import wait_until
-from workers.demo_model import CHAT_TEMPLATE
 
 TERMINAL = {"succeeded", "failed", "cancelled"}
-
-
-def wait_for_status(api, task_id: str, wanted: set[str]) -> dict[str, Any]:
-    def probe() -> dict[str, Any] | None:
-        body = api.get(f"/lmsp/v1/tasks/{task_id}").json()
-        return body if body["status"] in wanted else None
-
-    return wait_until(probe, what=f"task {task_id} never reached {sorted(wanted)}")
 
 
 def events_of(task_id: str) -> list[dict[str, Any]]:
@@ -36,34 +31,11 @@ def events_of(task_id: str) -> list[dict[str, Any]]:
     return [json.loads(row.payload) for row in rows]
 
 
-def delta_text(events: list[dict[str, Any]]) -> str:
-    return "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
-
-
-def assert_well_formed_log(events: list[dict[str, Any]]) -> None:
-    """Contiguous from 0, response.created first, exactly one terminal event and it is last."""
-    assert [e["sequence_number"] for e in events] == list(range(len(events)))
-    assert events[0]["type"] == "response.created"
-    terminal = [
-        e
-        for e in events
-        if e["type"] in {"response.completed", "response.incomplete", "response.failed", "response.cancelled"}
-    ]
-    assert len(terminal) == 1
-    assert terminal[0] is events[-1]
-
-
 def prompt_token_count(models_root: Path, messages: list[dict[str, str]]) -> int:
     """Input tokens as the tokenizer counts them, rendered independently of the backend."""
     tokenizer = Tokenizer.from_file(str(models_root / "demo" / "tokenizer.json"))
     text = jinja2.Environment().from_string(CHAT_TEMPLATE).render(messages=messages, add_generation_prompt=True)
     return len(tokenizer.encode(text, add_special_tokens=False).ids)
-
-
-def create(api, prompt: str = "Tell me a story", **request: Any) -> dict[str, Any]:
-    response = api.post("/lmsp/v1/tasks", {"type": "response", "input": {"model": "demo", "input": prompt, **request}})
-    assert response.status_code == 202, response.content
-    return response.json()
 
 
 def test_task_runs_to_the_end_and_its_log_matches_its_response(api, running_worker, worker_models_root):

@@ -1,13 +1,14 @@
 """Running one task: claim, load, generate, commit in batches, finish exactly once.
 
-Every status change goes through ``tasks_app.lifecycle``; this module only
-decides which move to ask for. The claim ``queued -> loading`` is a
-compare-and-set, so a duplicated or redelivered message whose task is no
-longer queued is dropped here, and Celery never decides what runs.
+This module decides which lifecycle verb to call and when; the verbs
+(``tasks_app.lifecycle``) write the columns and build the events. The claim
+``queued -> loading`` is a compare-and-set, so a duplicated or redelivered
+message whose task is no longer queued is dropped here, and Celery never
+decides what runs.
 
 Deltas are committed in batches (``LMSP_DELTA_BATCH_TOKENS`` tokens or
-``LMSP_DELTA_BATCH_MS`` milliseconds): each batch is one transaction that
-appends the delta events, stores the snapshot and checks, through the
+``LMSP_DELTA_BATCH_MS`` milliseconds): each batch is one ``task_progress``
+that appends the deltas, stores the snapshot row and checks, through the
 compare-and-set on ``running``, that no cancel won meanwhile. Between batches
 the decode loop watches a flag the cancel watcher sets from Redis, so a
 cancel stops generation within one decode step.
@@ -18,51 +19,50 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from django.conf import settings
 from django.db import close_old_connections, connection
-from django.db.models import F
-from django.utils import timezone
 
-from tasks_app import lifecycle
-from tasks_app.exceptions import BackendError, LmspError, ModelLoadFailed, ServerRestarted, TaskNotFound
+from tasks_app import broker, lifecycle, states
+from tasks_app.exceptions import BackendError, InvalidRequest, LmspError, ModelLoadFailed, ServerRestarted, TaskNotFound
 from tasks_app.ids import new_message_id
-from tasks_app.models import Response, ResponseStatus, TaskStatus
-from tasks_app.objects import message_item, output_text_part
-from tasks_app.selectors import task_output_text, task_snapshot_get
-from tasks_app.services.dispatch import dispatch_marker_clear
-from workers.backends.base import (
-    FINISH_CANCELLED,
-    FINISH_LENGTH,
-    Generation,
-    LoadedModel,
-    SamplingParams,
-)
-from workers.metrics import RunMetrics
+from tasks_app.lifecycle import Partial, TransitionResult
+from tasks_app.selectors import task_output_text, task_run_request, task_snapshot_get
+from tasks_app.states import TaskStatus
+from tasks_app.wire import usage_object
+from workers.backends.base import FINISH_CANCELLED, FINISH_LENGTH, Generation, LoadedModel, SamplingParams
+from workers.backends.errors import GenerationError, ModelLoadError, PromptRejected
+from workers.cancel_watcher import cancel_watcher
 from workers.model_cache import model_cache
-from workers.signals import cancel_watcher
+from workers.run_metrics import RunMetrics
 
 logger = logging.getLogger(__name__)
 
 S = TaskStatus
-EventSpec = tuple[str, Mapping[str, Any]]
 _DETAIL_LIMIT = 500
 
 
 def _usage(generation: Generation | None) -> dict[str, int] | None:
-    if generation is None:
-        return None
-    return {
-        "input_tokens": generation.prompt_tokens,
-        "output_tokens": generation.output_tokens,
-        "total_tokens": generation.prompt_tokens + generation.output_tokens,
-    }
+    return None if generation is None else usage_object(generation.prompt_tokens, generation.output_tokens)
 
 
-def _backend_problem(exc: BaseException) -> dict[str, Any]:
+def runtime_problem(exc: BaseException) -> dict[str, Any]:
+    """The problem a task ends with when the runtime raised ``exc``.
+
+    The runtime knows nothing of HTTP; this is where its errors get their
+    problem codes: a model that does not load is ``model_load_failed``, an
+    input the chat template refuses is ``invalid_request``, anything else
+    the backend did is ``backend_error``.
+    """
+    if isinstance(exc, ModelLoadError):
+        return ModelLoadFailed(str(exc)).to_problem()
+    if isinstance(exc, PromptRejected):
+        return InvalidRequest(str(exc)).to_problem()
+    if isinstance(exc, GenerationError):
+        return BackendError(str(exc)).to_problem()
     if isinstance(exc, LmspError):
         return exc.to_problem()
     detail = f"{type(exc).__name__}: {exc}"
@@ -106,12 +106,7 @@ class Heartbeat:
                     continue
                 self._last = time.monotonic()
                 try:
-                    result = lifecycle.task_append_events(
-                        task_id=self.task_id,
-                        expected=lifecycle.HELD,
-                        task_changes={"heartbeat_at": timezone.now()},
-                        holder=self.worker,
-                    )
+                    result = lifecycle.task_heartbeat(task_id=self.task_id, worker=self.worker)
                 except Exception:  # a missed heartbeat must not kill the run
                     logger.warning("heartbeat for %s failed", self.task_id, exc_info=True)
                     continue
@@ -132,23 +127,13 @@ class _Run:
     metrics: RunMetrics
     generation: Generation | None = None
     committed_text: list[str] = field(default_factory=list)
-    pending: list[EventSpec] = field(default_factory=list)
-    pending_text: list[str] = field(default_factory=list)
+    pending: list[str] = field(default_factory=list)
     pending_tokens: int = 0
     batch_started: float = 0.0
     # Generated ids already in snapshot rows, and whether the prompt is.
     stored_tokens: int = 0
     prompt_stored: bool = False
     _snapshot_tokens: int = 0
-
-    def delta(self, text: str) -> None:
-        self.pending.append(
-            (
-                "response.output_text.delta",
-                {"item_id": self.item_id, "output_index": 0, "content_index": 0, "delta": text},
-            )
-        )
-        self.pending_text.append(text)
 
     def snapshot(self) -> dict[str, Any]:
         """The next snapshot row: new token ids and the small state (see ``TaskSnapshot``).
@@ -171,6 +156,14 @@ class _Run:
     def text(self) -> str:
         return "".join(self.committed_text)
 
+    def partial(self) -> Partial:
+        """What the event log shows of this attempt, for a run that stops early."""
+        return Partial(self.item_id, self.text(), _usage(self.generation))
+
+    @property
+    def output_tokens(self) -> int:
+        return self.generation.output_tokens if self.generation is not None else 0
+
 
 def task_execute(*, task_id: str, worker: str) -> str:
     """Run one task to a terminal state; returns what happened (for the log and tests).
@@ -180,21 +173,15 @@ def task_execute(*, task_id: str, worker: str) -> str:
     task's own failure: load errors and backend errors end the task as
     ``failed`` and the worker process goes on to the next task.
     """
-    dispatch_marker_clear(task_id=task_id)
+    broker.dispatch_marker_clear(task_id=task_id)
     close_old_connections()
-    now = timezone.now()
     try:
-        claim = lifecycle.task_transition(
-            task_id=task_id,
-            to=S.LOADING,
-            sources=[S.QUEUED],
-            task_changes={"worker": worker, "heartbeat_at": now, "attempts": F("attempts") + 1, "output_tokens": 0},
-        )
+        claim = lifecycle.task_claim(task_id=task_id, worker=worker)
     except TaskNotFound:
         logger.info("dropped message for task %s: no such task", task_id)
         return "missing"
     resuming = False
-    if not claim.won and claim.task.status in lifecycle.ORPHANABLE and claim.task.worker == "":
+    if not claim.won and claim.task.status in states.ORPHANABLE and claim.task.worker == "":
         claim = lifecycle.task_adopt(task_id=task_id, worker=worker)
         resuming = claim.won
     if not claim.won:
@@ -213,36 +200,36 @@ def task_execute(*, task_id: str, worker: str) -> str:
         metrics.run_ended()
 
 
-def _load(run: _Run, model_name: str, sources: Sequence[TaskStatus]) -> LoadedModel | str:
+def _load(run: _Run, model_name: str, sources: Iterable[TaskStatus]) -> LoadedModel | str:
     """The loaded model, or the outcome of failing the task because it would not load."""
     try:
         return model_cache().get(model_name)
-    except ModelLoadFailed as exc:
-        logger.warning("task %s: %s", run.task_id, exc.detail)
-        return _fail(run, exc.to_problem(), sources=sources)
+    except ModelLoadError as exc:
+        logger.warning("task %s: %s", run.task_id, exc)
+        return _fail(run, runtime_problem(exc), sources=sources)
     except Exception:
         logger.exception("task %s: loading model %s failed", run.task_id, model_name)
         return _fail(run, ModelLoadFailed(f"Model {model_name!r} could not be loaded").to_problem(), sources)
 
 
 def _run(task_id: str, worker: str, cancelled: threading.Event, heartbeat: Heartbeat, metrics: RunMetrics) -> str:
-    response = Response.objects.only("id", "model", "request").get(task__id=task_id)
+    model_name, request = task_run_request(task_id=task_id)
     run = _Run(task_id=task_id, worker=worker, item_id=new_message_id(), heartbeat=heartbeat, metrics=metrics)
-    model = _load(run, response.model, [S.LOADING])
+    model = _load(run, model_name, [S.LOADING])
     if isinstance(model, str):
         return model
     try:
-        return _generate(run, model, response.request, cancelled)
+        return _generate(run, model, request, cancelled)
     except Exception as exc:
         logger.exception("task %s: backend error", task_id)
-        return _fail(run, _backend_problem(exc), sources=[S.LOADING, S.RUNNING])
+        return _fail(run, runtime_problem(exc), sources=states.HELD & states.sources_for(S.FAILED))
 
 
 def _resume(
     task_id: str, worker: str, status: str, cancelled: threading.Event, heartbeat: Heartbeat, metrics: RunMetrics
 ) -> str:
     """Continue a task from its snapshot: the same output item, right after its last committed event."""
-    response = Response.objects.only("id", "model", "request").get(task__id=task_id)
+    model_name, request = task_run_request(task_id=task_id)
     stored = task_snapshot_get(task_id=task_id)
     _, text = task_output_text(task_id=task_id)
     item_id = stored.last_state.get("item_id") if stored is not None else None
@@ -250,16 +237,14 @@ def _resume(
         task_id=task_id, worker=worker, item_id=item_id or new_message_id(), heartbeat=heartbeat, metrics=metrics
     )
     run.committed_text = [text]
-    if stored is None or not item_id:
-        if status == S.CANCELLING:
-            return _cancelled(run)
-        problem = ServerRestarted("The service restarted and the task has no snapshot to resume from").to_problem()
-        return _fail(run, problem, sources=[S.RUNNING])
-    run.stored_tokens, run.prompt_stored = len(stored.token_ids), True
     if status == S.CANCELLING:
         # Cancelled while it waited for a worker: nothing to generate.
         return _cancelled(run)
-    model = _load(run, response.model, [S.RUNNING])
+    if stored is None or not item_id:
+        problem = ServerRestarted("The service restarted and the task has no snapshot to resume from").to_problem()
+        return _fail(run, problem, sources=[S.RUNNING])
+    run.stored_tokens, run.prompt_stored = len(stored.token_ids), True
+    model = _load(run, model_name, [S.RUNNING])
     if isinstance(model, str):
         return model
     try:
@@ -269,7 +254,7 @@ def _resume(
             "generated_ids": stored.token_ids,
             "text": text,
         }
-        params = SamplingParams.from_request(response.request)
+        params = SamplingParams.from_request(request)
         run.generation = model.resume(backend_state, params, should_stop=cancelled.is_set)
         logger.info(
             "task %s resumed after %d output tokens, seed %d",
@@ -280,33 +265,16 @@ def _resume(
         return _stream(run, cancelled)
     except Exception as exc:
         logger.exception("task %s: backend error", task_id)
-        return _fail(run, _backend_problem(exc), sources=[S.RUNNING])
+        return _fail(run, runtime_problem(exc), sources=[S.RUNNING])
 
 
 def _generate(run: _Run, model: LoadedModel, request: Mapping[str, Any], cancelled: threading.Event) -> str:
     params = SamplingParams.from_request(request)
     prompt_ids = model.prompt_ids(request)
     run.generation = model.generate(prompt_ids, params, should_stop=cancelled.is_set)
-    started = lifecycle.task_transition(
-        task_id=run.task_id,
-        to=S.RUNNING,
-        sources=[S.LOADING],
-        events=[
-            (
-                "response.output_item.added",
-                {"output_index": 0, "item": message_item(run.item_id, None, "in_progress")},
-            ),
-            (
-                "response.content_part.added",
-                {"item_id": run.item_id, "output_index": 0, "content_index": 0, "part": output_text_part("")},
-            ),
-        ],
-        task_changes={"heartbeat_at": timezone.now()},
-        snapshot=run.snapshot(),
-        holder=run.worker,
-    )
+    started = lifecycle.task_start(task_id=run.task_id, worker=run.worker, item_id=run.item_id, snapshot=run.snapshot())
     if not started.won:
-        return _after_lost_race(run, started.task.status)
+        return _after_lost_race(run, started)
     run.snapshot_stored()
     logger.info(
         "task %s running: %d prompt tokens, seed %d", run.task_id, run.generation.prompt_tokens, run.generation.seed
@@ -321,7 +289,7 @@ def _stream(run: _Run, cancelled: threading.Event) -> str:
     window = settings.LMSP_DELTA_BATCH_MS / 1000
     for step in run.generation:
         if step.text:
-            run.delta(step.text)
+            run.pending.append(step.text)
         if step.token_id is None:
             continue
         if run.pending_tokens == 0:
@@ -343,75 +311,51 @@ def _stream(run: _Run, cancelled: threading.Event) -> str:
 
 def _commit_batch(run: _Run) -> str | None:
     """Commit the pending deltas; a non-None result means the run is over."""
-    result = lifecycle.task_append_events(
+    result = lifecycle.task_progress(
         task_id=run.task_id,
-        expected=[S.RUNNING],
-        events=run.pending,
-        task_changes={"heartbeat_at": timezone.now(), "output_tokens": run.generation.output_tokens},
+        worker=run.worker,
+        item_id=run.item_id,
+        deltas=run.pending,
+        output_tokens=run.output_tokens,
         snapshot=run.snapshot(),
-        holder=run.worker,
     )
     if not result.won:
-        run.metrics.generation_stopped(run.generation.output_tokens)
-        return _after_lost_race(run, result.task.status)
+        run.metrics.generation_stopped(run.output_tokens)
+        return _after_lost_race(run, result)
     run.metrics.batch_committed(events=len(result.events), tokens=run.pending_tokens)
     run.heartbeat.touched()
     run.snapshot_stored()
-    run.committed_text.extend(run.pending_text)
-    run.pending, run.pending_text, run.pending_tokens = [], [], 0
+    run.committed_text.extend(run.pending)
+    run.pending, run.pending_tokens = [], 0
     return None
 
 
 def _succeed(run: _Run) -> str:
     generation = run.generation
     assert generation is not None
-    text = run.text() + "".join(run.pending_text)
     incomplete = generation.finish_reason == FINISH_LENGTH
-    status = ResponseStatus.INCOMPLETE if incomplete else ResponseStatus.COMPLETED
-    item_status = "incomplete" if incomplete else "completed"
-    head = {"item_id": run.item_id, "output_index": 0, "content_index": 0}
-    events: list[EventSpec] = [
-        *run.pending,
-        ("response.output_text.done", {**head, "text": text}),
-        ("response.content_part.done", {**head, "part": output_text_part(text)}),
-        ("response.output_item.done", {"output_index": 0, "item": message_item(run.item_id, text, item_status)}),
-    ]
-    done = lifecycle.task_transition(
+    done = lifecycle.task_succeed(
         task_id=run.task_id,
-        to=S.SUCCEEDED,
-        sources=[S.RUNNING],
-        events=events,
-        response_changes={
-            "status": status,
-            "output": [message_item(run.item_id, text, item_status)],
-            "usage": _usage(generation),
-            "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
-        },
-        task_changes={"heartbeat_at": timezone.now(), "output_tokens": generation.output_tokens},
-        holder=run.worker,
+        worker=run.worker,
+        item_id=run.item_id,
+        deltas=run.pending,
+        text=run.text() + "".join(run.pending),
+        usage=_usage(generation),
+        output_tokens=generation.output_tokens,
+        incomplete=incomplete,
     )
     if not done.won:
-        return _after_lost_race(run, done.task.status)
+        return _after_lost_race(run, done)
     run.metrics.batch_committed(events=len(done.events), tokens=run.pending_tokens)
+    status = done.task.response.status
     logger.info(
         "task %s %s: %d output tokens (%s)", run.task_id, status, generation.output_tokens, generation.finish_reason
     )
     return str(status)
 
 
-def _partial_output(run: _Run) -> list[dict[str, Any]]:
-    text = run.text()
-    return [message_item(run.item_id, text, "incomplete")] if text else []
-
-
 def _cancelled(run: _Run) -> str:
-    result = lifecycle.task_transition(
-        task_id=run.task_id,
-        to=S.CANCELLED,
-        sources=[S.CANCELLING],
-        response_changes={"output": _partial_output(run), "usage": _usage(run.generation)},
-        holder=run.worker,
-    )
+    result = lifecycle.task_finish_cancel(task_id=run.task_id, worker=run.worker, partial=run.partial())
     if result.won:
         run.metrics.cancelled(result.task)
         logger.info("task %s cancelled", run.task_id)
@@ -420,24 +364,20 @@ def _cancelled(run: _Run) -> str:
     return str(result.task.status)
 
 
-def _after_lost_race(run: _Run, status: str) -> str:
+def _after_lost_race(run: _Run, result: TransitionResult) -> str:
     """Another writer moved the task (or took it over): honour a cancel, otherwise just stop."""
+    status = result.task.status
     if status == S.CANCELLING:
         return _cancelled(run)
     logger.warning("task %s left to %s by another writer; stopping", run.task_id, status)
     return str(status)
 
 
-def _fail(run: _Run, problem: Mapping[str, Any], sources: Sequence[TaskStatus]) -> str:
-    result = lifecycle.task_transition(
-        task_id=run.task_id,
-        to=S.FAILED,
-        sources=sources,
-        error=problem,
-        response_changes={"output": _partial_output(run), "usage": _usage(run.generation)},
-        holder=run.worker,
+def _fail(run: _Run, problem: Mapping[str, Any], sources: Iterable[TaskStatus]) -> str:
+    result = lifecycle.task_fail(
+        task_id=run.task_id, error=problem, worker=run.worker, sources=sources, partial=run.partial()
     )
     if result.won:
         logger.info("task %s failed: %s", run.task_id, problem.get("code"))
         return "failed"
-    return _after_lost_race(run, result.task.status)
+    return _after_lost_race(run, result)

@@ -15,10 +15,10 @@ from dataclasses import dataclass
 
 from django.conf import settings
 
-from tasks_app.exceptions import ModelLoadFailed, ModelNotFound
-from tasks_app.selectors import model_get_by_name
+from tasks_app.selectors import model_find_by_name
 from workers.backends import get_backend
 from workers.backends.base import LoadedModel
+from workers.backends.errors import ModelLoadError
 
 logger = logging.getLogger(__name__)
 
@@ -36,11 +36,10 @@ class ModelCache:
         self._lock = threading.Lock()
 
     def get(self, name: str) -> LoadedModel:
-        """The loaded model ``name`` (as the models table knows it); raises ``ModelLoadFailed``."""
-        try:
-            record = model_get_by_name(name)
-        except ModelNotFound:
-            raise ModelLoadFailed(f"model {name!r} is no longer registered") from None
+        """The loaded model ``name`` (as the models table knows it); raises ``ModelLoadError``."""
+        record = model_find_by_name(name)
+        if record is None:
+            raise ModelLoadError(f"model {name!r} is no longer registered")
         with self._lock:
             entry = self._entries.get(record.name)
             if entry is not None and entry.digest == record.digest:

@@ -9,14 +9,11 @@ from celery import Task, shared_task
 from celery.exceptions import WorkerLostError
 from celery.signals import task_failure
 
-from tasks_app.services.dispatch import RUN_TASK, queued_tasks_sweep
+from tasks_app.broker import CLEANUP_TASK, REAP_TASK, RUN_TASK, SWEEP_TASK
+from tasks_app.services.dispatch import queued_tasks_sweep
 from tasks_app.services.recovery import abandoned_tasks_reap, lost_task_recover
 from tasks_app.services.retention import retention_cleanup
 from workers.execution import task_execute
-
-SWEEP_TASK = "lmsp.sweep_queued"
-REAP_TASK = "lmsp.reap_abandoned"
-CLEANUP_TASK = "lmsp.cleanup"
 
 
 @shared_task(name=RUN_TASK, bind=True, ignore_result=True)

@@ -15,8 +15,9 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from tasks_app.ids import TASK_PREFIX, is_prefixed_ulid
-from tasks_app.models import RestartPolicy, TaskStatus, TaskType
-from tasks_app.objects import events_url, response_object, task_object, unix_seconds
+from tasks_app.models import TaskType
+from tasks_app.states import RestartPolicy, TaskStatus
+from tasks_app.wire import events_url, response_object, task_object, unix_seconds
 
 MAX_STOP_SEQUENCES = 4
 MAX_METADATA_PAIRS = 16

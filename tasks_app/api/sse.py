@@ -19,7 +19,7 @@ from typing import Any
 
 from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 
-from tasks_app.streams import follow
+from tasks_app.event_feeds import follow
 
 logger = logging.getLogger(__name__)
 

@@ -10,18 +10,14 @@ from rest_framework.views import APIView
 
 from tasks_app import exceptions as exc
 from tasks_app import selectors
-from tasks_app.api.schema import (
-    IDEMPOTENCY_KEY,
-    LOCATION,
-    TASK_ID,
+from tasks_app.api.schema_annotations import IDEMPOTENCY_KEY, LOCATION, TASK_ID, idempotent_replayed, operation
+from tasks_app.api.schema_components import (
     CapabilitiesSchema,
     ModelListSchema,
     PairedClientSchema,
     StreamTokenSchema,
     TaskListSchema,
     TaskSchema,
-    idempotent_replayed,
-    operation,
 )
 from tasks_app.api.serializers import (
     ClientOutputSerializer,
@@ -36,13 +32,13 @@ from tasks_app.api.serializers import (
     TaskOutputSerializer,
     list_body,
 )
-from tasks_app.models import TaskStatus
 from tasks_app.services.capabilities import capabilities_describe
 from tasks_app.services.clients import pairing_code_redeem
 from tasks_app.services.idempotency import idempotency_key_validate, request_digest
 from tasks_app.services.responses import response_start
 from tasks_app.services.stream_tokens import stream_token_mint
 from tasks_app.services.tasks import task_cancel, task_create
+from tasks_app.states import TaskStatus
 
 READ = ("read",)
 WRITE = ("responses",)

@@ -7,8 +7,9 @@ from typing import Any
 from django.conf import settings
 
 from tasks_app.ids import new_ulid
-from tasks_app.models import RestartPolicy, ServiceConfig, TaskType
+from tasks_app.models import ServiceConfig, TaskType
 from tasks_app.services.clients import SCOPES
+from tasks_app.states import RestartPolicy
 
 LMSP_VERSION = "1.0"
 

@@ -3,12 +3,8 @@
 The broker is a hint, the database decides: a message carries only a task id,
 and a worker runs it only if its compare-and-set ``queued -> loading`` wins.
 So sending a message twice is harmless, and losing one is repaired by the
-sweeper, which re-sends every queued task that has no dispatch marker.
-
-A dispatch marker (``<prefix>:dispatched:<task id>``, with a TTL) is set after
-a successful send and cleared when a worker takes the message. It lives in the
-same Redis as the queue, so when Redis loses the queue (a restart without
-persistence) it loses the markers too, and the sweeper sends again.
+sweeper, which re-sends every queued task that has no dispatch marker
+(``tasks_app.broker`` has the markers and the messages).
 """
 
 from __future__ import annotations
@@ -22,52 +18,32 @@ from django.conf import settings
 from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
-from kombu.exceptions import KombuError
 
-from tasks_app import lifecycle
-from tasks_app.models import Task, TaskStatus
-from tasks_app.notify import key, redis_client
+from tasks_app import broker, states
+from tasks_app.models import Task
 from tasks_app.querying import status_in
+from tasks_app.states import TaskStatus
 
 logger = logging.getLogger(__name__)
 
-RUN_TASK = "lmsp.run_task"
 # Checked per sweep, at most; the rest waits for the next sweep.
 SWEEP_BATCH = 500
 
 
-def _marker(task_id: str) -> str:
-    return key("dispatched", task_id)
-
-
 def task_dispatch(*, task_id: str) -> bool:
     """Send one task id to the workers' queue; False (logged) when the broker is unreachable."""
-    from lmsp_project.celery import app
-
     try:
-        app.send_task(RUN_TASK, args=[task_id], queue=settings.LMSP_TASK_QUEUE, retry=False)
-    except (KombuError, OSError, redis.RedisError) as exc:
+        broker.run_message_send(task_id=task_id)
+    except broker.UNREACHABLE as exc:
         logger.warning("could not dispatch task %s (the sweeper will retry): %s", task_id, exc)
         return False
-    try:
-        redis_client().set(_marker(task_id), "1", ex=settings.LMSP_DISPATCH_MARKER_TTL_SECONDS)
-    except redis.RedisError as exc:
-        # No marker only means the sweeper sends a duplicate, which is dropped.
-        logger.warning("could not mark task %s as dispatched: %s", task_id, exc)
+    broker.dispatch_marker_set(task_id=task_id)
     return True
 
 
 def task_dispatch_on_commit(*, task_id: str) -> None:
     """Dispatch once the current transaction commits: a worker must find the row."""
     transaction.on_commit(partial(task_dispatch, task_id=task_id))
-
-
-def dispatch_marker_clear(*, task_id: str) -> None:
-    """A worker took the message: from now on the task's status says what happens."""
-    try:
-        redis_client().delete(_marker(task_id))
-    except redis.RedisError:
-        pass
 
 
 def queued_tasks_sweep(*, grace_seconds: int | None = None) -> list[str]:
@@ -82,7 +58,7 @@ def queued_tasks_sweep(*, grace_seconds: int | None = None) -> list[str]:
     cutoff = timezone.now() - timedelta(seconds=grace)
     # The statuses stand on their own (not only inside the OR) so that SQLite
     # reads them through the partial index of unfinished tasks.
-    waiting = status_in([TaskStatus.QUEUED, *lifecycle.ORPHANABLE])
+    waiting = status_in([TaskStatus.QUEUED, *states.ORPHANABLE])
     unheld = Q(status=TaskStatus.QUEUED) | Q(worker="")
     candidates = list(
         Task.objects.filter(waiting, unheld, updated_at__lte=cutoff)
@@ -92,10 +68,7 @@ def queued_tasks_sweep(*, grace_seconds: int | None = None) -> list[str]:
     if not candidates:
         return []
     try:
-        pipe = redis_client().pipeline(transaction=False)
-        for task_id in candidates:
-            pipe.exists(_marker(task_id))
-        marked = pipe.execute()
+        marked = broker.dispatch_markers_present(task_ids=candidates)
     except redis.RedisError as exc:
         logger.warning("sweeper cannot reach Redis: %s", exc)
         return []

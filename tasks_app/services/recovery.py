@@ -1,6 +1,6 @@
 """Recovery of unfinished tasks: at startup (``lmsp_recover``) and after a worker died (the reaper).
 
-Both apply chapter 11.3's table (``lifecycle.RECOVERY``) to tasks no live
+Both apply chapter 11.3's table (``states.RECOVERY``) to tasks no live
 worker holds, one task per transaction, each move a compare-and-set on the
 status, worker and heartbeat that were read, so a worker that is alive after
 all (its heartbeat moved) keeps its task.
@@ -34,17 +34,16 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-import redis
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
-from kombu.exceptions import KombuError
 
-from tasks_app import lifecycle
+from tasks_app import broker, lifecycle, states
 from tasks_app.exceptions import ServerRestarted
-from tasks_app.models import ACTIVE_TASK_STATUSES, RestartPolicy, Task, TaskStatus
+from tasks_app.models import Task
 from tasks_app.querying import status_in
-from tasks_app.services.dispatch import RUN_TASK, task_dispatch_on_commit
+from tasks_app.services.dispatch import task_dispatch_on_commit
+from tasks_app.states import RestartPolicy, TaskStatus
 
 logger = logging.getLogger(__name__)
 
@@ -106,28 +105,16 @@ def live_workers_inspect(*, timeout: float | None = None) -> LiveWorkers:
     reached means no worker can take work either; that is logged and
     answered with no live workers.
     """
-    from lmsp_project.celery import app
-
     wait = settings.LMSP_RECOVER_INSPECT_SECONDS if timeout is None else timeout
     asked_at = timezone.now()
     try:
-        queues = app.control.inspect(timeout=wait).active_queues() or {}
-        ours = settings.LMSP_TASK_QUEUE
-        nodes = frozenset(node for node, consumed in queues.items() if any(q.get("name") == ours for q in consumed))
-        active: dict[str, Any] = {}
-        if nodes:
-            active = app.control.inspect(destination=sorted(nodes), timeout=wait, limit=len(nodes)).active() or {}
-    except (KombuError, OSError, redis.RedisError) as exc:
+        report = broker.workers_ask(timeout=wait)
+    except broker.UNREACHABLE as exc:
         logger.warning("could not ask the workers what they run (%s); assuming none is alive", exc)
         return LiveWorkers(frozenset(), frozenset(), asked_at)
-    task_ids = frozenset(
-        str(request["args"][0])
-        for requests in active.values()
-        for request in requests
-        if request.get("name") == RUN_TASK and request.get("args")
-    )
+    task_ids = frozenset(task_id for running in report.running.values() for task_id in running)
     # A node too slow to list its tasks may still be running one of ours.
-    return LiveWorkers(nodes, task_ids, asked_at, silent=nodes - frozenset(active))
+    return LiveWorkers(report.nodes, task_ids, asked_at, silent=report.nodes - frozenset(report.running))
 
 
 def _rows(statuses: tuple[str, ...], batch_size: int, **filters: Any) -> Iterator[dict[str, Any]]:
@@ -159,8 +146,8 @@ def _problem(found: str, reason: str, *, attempts_left: bool) -> dict[str, Any]:
 def _move(row: dict[str, Any], *, reason: str, summary: RecoverySummary) -> None:
     """Apply the table to one task, in its own transaction."""
     found = TaskStatus(row["status"])
-    target = lifecycle.recovery_target(found, RestartPolicy(row["on_restart"]))
-    runs_again = target in (S.QUEUED, S.RUNNING) and found != S.QUEUED
+    target = states.recovery_target(found, RestartPolicy(row["on_restart"]))
+    runs_again = target in states.RUNS_AGAIN and found != S.QUEUED
     attempts_left = row["attempts"] < settings.LMSP_MAX_ATTEMPTS
     if runs_again and not attempts_left:
         target = S.FAILED
@@ -181,7 +168,7 @@ def _move(row: dict[str, Any], *, reason: str, summary: RecoverySummary) -> None
         if not result.won:
             summary.add(LOST_RACE, row["id"])
             return
-        if target in (S.QUEUED, S.RUNNING):
+        if target in states.RUNS_AGAIN:
             task_dispatch_on_commit(task_id=row["id"])
     label = {S.FAILED: FAILED, S.CANCELLED: CANCELLED, S.QUEUED: REQUEUED, S.RUNNING: RESUMED}[target]
     if found == S.QUEUED and target == S.QUEUED:
@@ -193,7 +180,7 @@ def _move(row: dict[str, Any], *, reason: str, summary: RecoverySummary) -> None
 def leftover_tasks_recover(*, live: LiveWorkers, batch_size: int = 500) -> RecoverySummary:
     """Startup recovery: apply chapter 11.3 to every unfinished task no live worker holds."""
     summary = RecoverySummary(live_workers=tuple(sorted(live.nodes)))
-    for row in _rows(tuple(ACTIVE_TASK_STATUSES), batch_size):
+    for row in _rows(states.in_declaration_order(states.ACTIVE), batch_size):
         found = row["status"]
         if found == S.QUEUED:
             if live.nodes:
@@ -227,9 +214,7 @@ def lost_task_recover(*, task_id: str, node: str) -> RecoverySummary:
     """
     summary = RecoverySummary()
     row = (
-        Task.objects.filter(pk=task_id, status__in=lifecycle.HELD, worker__startswith=f"{node}/")
-        .values(*_FIELDS)
-        .first()
+        Task.objects.filter(pk=task_id, status__in=states.HELD, worker__startswith=f"{node}/").values(*_FIELDS).first()
     )
     if row is None or _process_alive(row["worker"].rpartition("/")[2]):
         return summary
@@ -254,7 +239,7 @@ def abandoned_tasks_reap(
     timeout = settings.LMSP_HEARTBEAT_TIMEOUT_SECONDS if timeout_seconds is None else timeout_seconds
     cutoff = (now or timezone.now()) - timedelta(seconds=timeout)
     summary = RecoverySummary()
-    held = tuple(lifecycle.HELD)
+    held = states.in_declaration_order(states.HELD)
     # Orphans (no worker) have no heartbeat, so the filter leaves them to the sweeper.
     for row in _rows(held, batch_size, heartbeat_at__lt=cutoff):
         _move(row, reason=f"its worker {row['worker']} stopped reporting", summary=summary)

@@ -20,17 +20,12 @@ from typing import Any
 
 from django.db import transaction
 
-from tasks_app.models import (
-    TERMINAL_TASK_STATUSES,
-    Client,
-    IdempotencyKey,
-    IdempotencyState,
-    RestartPolicy,
-    Task,
-)
-from tasks_app.objects import response_object
+from tasks_app import states
+from tasks_app.models import Client, IdempotencyKey, IdempotencyState, Task
 from tasks_app.services.idempotency import idempotency_claim_if_keyed, idempotency_complete
 from tasks_app.services.tasks import Reply, task_accept
+from tasks_app.states import RestartPolicy
+from tasks_app.wire import response_object
 
 RESPONSES_ENDPOINT = "responses"
 # The stored reply of a streamed request names the task whose events it was.
@@ -59,7 +54,12 @@ def response_start(
     request_hash: str | None,
     stream: bool = False,
 ) -> ResponseStarted:
-    with transaction.atomic():
+    """Accept a response request as a task, or find what an earlier request with its key started.
+
+    Returns only after the commit (``durable=True``: never inside another
+    transaction), so the task a caller then waits for or streams is durable.
+    """
+    with transaction.atomic(durable=True):
         claim = idempotency_claim_if_keyed(
             client=client,
             endpoint=RESPONSES_ENDPOINT,
@@ -98,7 +98,7 @@ def _settle_orphaned(record: IdempotencyKey) -> bool:
 
 
 def response_task_finished(*, task_id: str) -> bool:
-    return Task.objects.filter(pk=task_id, status__in=TERMINAL_TASK_STATUSES).exists()
+    return Task.objects.filter(pk=task_id, status__in=states.TERMINAL).exists()
 
 
 def response_finish(*, task_id: str, idempotency_record_id: int | None) -> Reply:

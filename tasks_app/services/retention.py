@@ -34,8 +34,8 @@ from django.db import transaction
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
+from tasks_app import states
 from tasks_app.models import (
-    TERMINAL_TASK_STATUSES,
     IdempotencyKey,
     PairingCode,
     Response,
@@ -161,7 +161,7 @@ def _delete_events(*, cutoff: datetime, size: int) -> int:
     from the events table made PostgreSQL scan and sort the whole table for
     every batch.
     """
-    finished = Task.objects.filter(status_in(TERMINAL_TASK_STATUSES), updated_at__lt=cutoff)
+    finished = Task.objects.filter(status_in(states.TERMINAL), updated_at__lt=cutoff)
     deleted = 0
     after: tuple[datetime, str] | None = None
     while True:
@@ -179,7 +179,7 @@ def _delete_events(*, cutoff: datetime, size: int) -> int:
         task_ids = [pk for _, pk in rows]
         # Repeats the task conditions: a row that changed since it was read is left alone.
         expired = TaskEvent.objects.filter(
-            task_id__in=task_ids, task__status__in=TERMINAL_TASK_STATUSES, task__updated_at__lt=cutoff
+            task_id__in=task_ids, task__status__in=states.TERMINAL, task__updated_at__lt=cutoff
         )
         while True:
             pks = list(expired.order_by("task_id", "sequence_number").values_list("pk", flat=True)[:size])
@@ -202,7 +202,7 @@ def _delete_tasks(*, cutoff: datetime, size: int) -> tuple[int, int, int, int]:
     tasks = responses = snapshots = events = 0
     while True:
         rows = list(
-            Task.objects.filter(status_in(TERMINAL_TASK_STATUSES), updated_at__lt=cutoff)
+            Task.objects.filter(status_in(states.TERMINAL), updated_at__lt=cutoff)
             .order_by("updated_at", "pk")
             .values_list("pk", "response_id")[:size]
         )
@@ -215,7 +215,7 @@ def _delete_tasks(*, cutoff: datetime, size: int) -> tuple[int, int, int, int]:
             # keys' task to NULL; the status filter is part of the collector's
             # own select, so only terminal tasks are collected.
             _, by_model = Task.objects.filter(
-                pk__in=task_ids, status__in=TERMINAL_TASK_STATUSES, updated_at__lt=cutoff
+                pk__in=task_ids, status__in=states.TERMINAL, updated_at__lt=cutoff
             ).delete()
             removed = by_model.get(Task._meta.label, 0)
             # Task.response is PROTECT, so responses go after their tasks; only

@@ -9,19 +9,20 @@ from typing import Any
 from django.conf import settings
 from django.db import transaction
 
-from tasks_app import lifecycle
+from tasks_app import lifecycle, states
 from tasks_app.exceptions import (
     InvalidRequest,
     QueueFull,
     TaskNotCancelable,
     UnsupportedCapability,
 )
-from tasks_app.models import Client, RestartPolicy, Task, TaskStatus
-from tasks_app.objects import task_object
+from tasks_app.models import Client, Task
 from tasks_app.querying import status_in
 from tasks_app.selectors import model_get_by_name
 from tasks_app.services.dispatch import task_dispatch_on_commit
 from tasks_app.services.idempotency import IdempotencyClaim, idempotency_claim_if_keyed, idempotency_complete
+from tasks_app.states import RestartPolicy, TaskStatus
+from tasks_app.wire import task_object
 
 TASKS_ENDPOINT = "tasks"
 
@@ -82,14 +83,15 @@ def task_create(
     """Accept a task: task, response, event 0 and idempotency record in one transaction.
 
     Returns only after the commit, so a 202 built from the reply describes a
-    task that is already durable.
+    task that is already durable: ``durable=True`` makes that a rule, since
+    called inside another transaction it would commit only with that one.
     """
     if on_restart == RestartPolicy.RETRY and idempotency_key is None:
         raise InvalidRequest(
             "on_restart 'retry' requires an Idempotency-Key header",
             errors=[{"field": "Idempotency-Key", "message": "required when on_restart is 'retry'"}],
         )
-    with transaction.atomic():
+    with transaction.atomic(durable=True):
         claim = idempotency_claim_if_keyed(
             client=client, endpoint=TASKS_ENDPOINT, key=idempotency_key, request_hash=request_hash
         )
@@ -112,11 +114,11 @@ def task_cancel(*, task: Task) -> Task:
     """
     current = task
     for _ in range(5):
-        if current.status in lifecycle.CANCELABLE_AT_ONCE:
-            result = lifecycle.task_transition(task_id=task.id, to=TaskStatus.CANCELLED, sources=[current.status])
-        elif current.status in lifecycle.CANCELABLE_VIA_BACKEND:
-            result = lifecycle.task_transition(task_id=task.id, to=TaskStatus.CANCELLING, sources=[current.status])
-        elif current.status in (TaskStatus.CANCELLING, TaskStatus.CANCELLED):
+        if current.status in states.CANCELABLE_AT_ONCE:
+            result = lifecycle.task_cancel_queued(task_id=task.id)
+        elif current.status in states.CANCELABLE_VIA_BACKEND:
+            result = lifecycle.task_request_cancel(task_id=task.id, sources=[current.status])
+        elif current.status in states.CANCEL_UNDER_WAY:
             return current
         else:
             raise TaskNotCancelable(f"task {task.id} already {current.status}")

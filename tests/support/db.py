@@ -83,3 +83,7 @@ def open_database_handles(pid: int) -> int:
         except FileNotFoundError:
             continue
     return count
+
+
+def is_postgres() -> bool:
+    return connection.vendor == "postgresql"

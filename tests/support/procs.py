@@ -10,6 +10,9 @@ from __future__ import annotations
 import os
 from typing import Any
 
+# The one worker that claimed every task of the cancel race.
+WORKER = "racer@host/1"
+
 
 def setup_django(database_url: str) -> None:
     os.environ["DATABASE_URL"] = database_url
@@ -41,24 +44,20 @@ def complete_all(database_url: str, task_ids: list[str], barrier: Any, results: 
     """Finish each task as a worker would: last deltas, then complete or honour a cancel."""
     setup_django(database_url)
     from tasks_app import lifecycle
-    from tasks_app.models import ResponseStatus, TaskStatus
+    from tasks_app.states import TaskStatus
 
     outcome = {"succeeded": 0, "acknowledged_cancel": 0}
     for task_id in task_ids:
         barrier.wait()
-        lifecycle.task_append_events(task_id=task_id, events=[("response.output_text.delta", {"delta": "tail"})])
-        done = lifecycle.task_transition(
-            task_id=task_id,
-            to=TaskStatus.SUCCEEDED,
-            sources=[TaskStatus.RUNNING],
-            events=[("response.output_text.done", {"text": "tail"})],
-            response_changes={"status": ResponseStatus.COMPLETED},
+        lifecycle.task_progress(task_id=task_id, worker=WORKER, item_id="msg_race", deltas=["tail"], output_tokens=1)
+        done = lifecycle.task_succeed(
+            task_id=task_id, worker=WORKER, item_id="msg_race", text="tail", usage=None, output_tokens=1
         )
         if done.won:
             outcome["succeeded"] += 1
             continue
         assert done.task.status == TaskStatus.CANCELLING, done.task.status
-        stopped = lifecycle.task_transition(task_id=task_id, to=TaskStatus.CANCELLED, sources=[TaskStatus.CANCELLING])
+        stopped = lifecycle.task_finish_cancel(task_id=task_id, worker=WORKER)
         assert stopped.won
         outcome["acknowledged_cancel"] += 1
     results.put(("completer", outcome))
@@ -67,8 +66,9 @@ def complete_all(database_url: str, task_ids: list[str], barrier: Any, results: 
 def create_tasks(database_url: str, client_id: int, count: int, barrier: Any, results: Any) -> None:
     """Accept ``count`` tasks as the API would (each a read-then-write transaction)."""
     setup_django(database_url)
-    from tasks_app.models import Client, RestartPolicy
+    from tasks_app.models import Client
     from tasks_app.services.tasks import task_create
+    from tasks_app.states import RestartPolicy
 
     client = Client.objects.get(pk=client_id)
     barrier.wait()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tasks_app.models import TaskStatus
+from tasks_app.states import TaskStatus
 
 S = TaskStatus
 

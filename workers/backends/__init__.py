@@ -6,16 +6,16 @@ ONNX Runtime into processes that never generate (the API server).
 
 from __future__ import annotations
 
-from tasks_app.exceptions import ModelLoadFailed
 from workers.backends.base import Backend
+from workers.backends.errors import ModelLoadError
 
 BACKENDS = ("onnxruntime",)
 
 
 def get_backend(name: str) -> Backend:
-    """The runtime registered as ``name``; ``ModelLoadFailed`` for an unknown one."""
+    """The runtime registered as ``name``; ``ModelLoadError`` for an unknown one."""
     if name == "onnxruntime":
         from workers.backends.onnx import OnnxRuntimeBackend
 
         return OnnxRuntimeBackend()
-    raise ModelLoadFailed(f"unknown inference backend {name!r}; known: {', '.join(BACKENDS)}")
+    raise ModelLoadError(f"unknown inference backend {name!r}; known: {', '.join(BACKENDS)}")

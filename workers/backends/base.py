@@ -138,7 +138,7 @@ class Backend(Protocol):
         intra_op_threads: int | None = None,
         spinning: bool | None = None,
     ) -> LoadedModel:
-        """Load a model folder. Raises ``tasks_app.exceptions.ModelLoadFailed``."""
+        """Load a model folder. Raises ``workers.backends.errors.ModelLoadError``."""
         ...
 
 

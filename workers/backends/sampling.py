@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from tasks_app.exceptions import BackendError
+from workers.backends.errors import GenerationError
 
 DEFAULT_TEMPERATURE = 1.0
 DEFAULT_TOP_P = 1.0
@@ -60,9 +60,9 @@ class SamplingDefaults:
             top_p = self.top_p if self.top_p is not None else DEFAULT_TOP_P
         temperature, top_p = float(temperature), float(top_p)
         if not np.isfinite(temperature) or temperature < 0:
-            raise BackendError(f"temperature must be a finite number >= 0, got {temperature}")
+            raise GenerationError(f"temperature must be a finite number >= 0, got {temperature}")
         if not np.isfinite(top_p) or not 0 < top_p <= 1:
-            raise BackendError(f"top_p must be in (0, 1], got {top_p}")
+            raise GenerationError(f"top_p must be in (0, 1], got {top_p}")
         return temperature, top_p
 
 
@@ -94,7 +94,7 @@ class Sampler:
         probs = np.exp(scaled)
         total = probs.sum()
         if not np.isfinite(total) or total <= 0:
-            raise BackendError("the model produced logits that are not finite numbers")
+            raise GenerationError("the model produced logits that are not finite numbers")
         probs /= total
         if self.top_p >= 1.0:
             # No nucleus to cut: draw over the whole vocabulary in id order, no sort needed.
@@ -153,7 +153,7 @@ class Sampler:
             }
             self.rng.bit_generator.state = restored
         except (KeyError, TypeError, ValueError) as exc:
-            raise BackendError(f"the snapshot's random generator state is not valid: {exc}") from None
+            raise GenerationError(f"the snapshot's random generator state is not valid: {exc}") from None
 
 
 def _as_int(value: int | str) -> int:

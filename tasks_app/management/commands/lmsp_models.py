@@ -7,7 +7,7 @@ from pathlib import Path
 from django.core.management.base import BaseCommand, CommandParser
 
 from tasks_app.models import ModelRecord
-from tasks_app.services.models import model_scan
+from tasks_app.services.model_scan import model_scan
 
 
 class Command(BaseCommand):

@@ -7,9 +7,13 @@ response object), so they live here rather than in an API serializer.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from tasks_app.models import Response, Task, TaskStatus
+from tasks_app.states import TaskStatus
+
+if TYPE_CHECKING:
+    # Only types: models imports the event vocabulary, which builds these shapes.
+    from tasks_app.models import Response, Task
 
 
 def unix_seconds(value: datetime) -> int:
@@ -35,6 +39,11 @@ def response_object(response: Response) -> dict[str, Any]:
         "top_p": request.get("top_p"),
         "metadata": response.metadata,
     }
+
+
+def usage_object(input_tokens: int, output_tokens: int) -> dict[str, int]:
+    """The response's ``usage``: tokens in, out, and both."""
+    return {"input_tokens": input_tokens, "output_tokens": output_tokens, "total_tokens": input_tokens + output_tokens}
 
 
 def output_text_part(text: str) -> dict[str, Any]:

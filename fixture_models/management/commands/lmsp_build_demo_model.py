@@ -5,8 +5,8 @@ from __future__ import annotations
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandParser
 
-from tasks_app.services.models import model_scan
-from workers.demo_model import DEMO_SIZES, build_demo_model
+from fixture_models.demo import DEMO_SIZES, build_demo_model
+from tasks_app.services.model_scan import model_scan
 
 
 class Command(BaseCommand):

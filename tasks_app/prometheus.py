@@ -6,7 +6,7 @@ One scrape target serves everything (docs/metrics.md):
   how many tasks are queued, loading, running or cancelling;
 - from Redis: the finished-task counters (``HINCRBY`` by whoever wins a
   terminal move, after it commits), the Celery queues' lengths, and the
-  histograms every worker node adds to its own hash (``workers.metrics``);
+  histograms every worker node adds to its own hash (``workers.run_metrics``);
 - from this process: its open event streams.
 
 Redis and the database are read with short timeouts and any failure only
@@ -34,8 +34,10 @@ from prometheus_client.utils import floatToGoString
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from tasks_app.models import ACTIVE_TASK_STATUSES, TERMINAL_TASK_STATUSES, Task, TaskStatus
+from tasks_app import states
+from tasks_app.models import Task
 from tasks_app.querying import status_in
+from tasks_app.states import TaskStatus
 
 logger = logging.getLogger(__name__)
 
@@ -203,13 +205,13 @@ def active_tasks_grouped() -> QuerySet:
     ``status__in`` SQLite scans an index over every task instead (21-30 ms at
     200,000 tasks against 0.03-0.2 ms; bench/partial_indexes.py).
     """
-    in_active = status_in(ACTIVE_TASK_STATUSES)
+    in_active = status_in(states.ACTIVE)
     return Task.objects.filter(in_active).values("status").annotate(n=Count("id")).order_by().values_list("status", "n")
 
 
 def tasks_active_count() -> dict[str, int]:
     """Tasks per unfinished status, each status present (0 when none); one query that reads only unfinished tasks."""
-    counts = dict.fromkeys(map(str, ACTIVE_TASK_STATUSES), 0)
+    counts = dict.fromkeys(map(str, states.in_declaration_order(states.ACTIVE)), 0)
     counts.update({status: n for status, n in active_tasks_grouped()})
     return counts
 
@@ -350,7 +352,7 @@ class ScrapeCollector:
                 "Tasks that reached a terminal status, counted after the committed move (in Redis).",
                 labels=["status"],
             )
-            for status in map(str, TERMINAL_TASK_STATUSES):
+            for status in map(str, states.in_declaration_order(states.TERMINAL)):
                 finished.add_metric([status], readout.finished.get(status, 0))
             yield finished
         if readout.queues is not None:

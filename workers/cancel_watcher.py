@@ -19,8 +19,8 @@ import time
 import redis
 from django.conf import settings
 
-from tasks_app.models import TaskStatus
 from tasks_app.notify import tasks_channel
+from tasks_app.states import TaskStatus
 
 logger = logging.getLogger(__name__)
 

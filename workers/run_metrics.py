@@ -2,7 +2,7 @@
 
 Workers run on other hosts and in prefork children, so nobody scrapes them:
 each process adds its observations to the histograms of its node in Redis
-(``tasks_app.metrics`` has the layout), and the web process exposes them with
+(``tasks_app.prometheus`` has the layout), and the web process exposes them with
 a ``worker`` label. Observing only bumps numbers in memory under a lock; a
 thread of the process sends what piled up at most once per
 ``FLUSH_INTERVAL_SECONDS`` and right after each task, as one MULTI/EXEC of
@@ -30,7 +30,8 @@ import redis
 from django.conf import settings
 from django.utils import timezone
 
-from tasks_app.metrics import (
+from tasks_app.models import Task
+from tasks_app.prometheus import (
     BATCH_EVENTS,
     BATCH_TOKENS,
     CANCEL_LATENCY,
@@ -44,7 +45,6 @@ from tasks_app.metrics import (
     worker_key,
     workers_key,
 )
-from tasks_app.models import Task
 
 logger = logging.getLogger(__name__)
 

@@ -18,14 +18,13 @@ from django.http import HttpRequest, HttpResponse
 from django.views.decorators.csrf import csrf_exempt
 from rest_framework.renderers import JSONRenderer
 
-from tasks_app import selectors
+from tasks_app import selectors, states
 from tasks_app.api.problems import problem_json_response
 from tasks_app.api.sse import event_stream
 from tasks_app.api.views import ResponseCreateView, ResponseDetailView
 from tasks_app.auth import stream_reader_authenticate
 from tasks_app.dbpool import run_db
 from tasks_app.exceptions import InvalidRequest, LmspError, MethodNotAllowed
-from tasks_app.models import TERMINAL_TASK_STATUSES
 from tasks_app.selectors import StreamStart
 from tasks_app.services.responses import ResponseStarted, response_finish, response_task_finished
 from tasks_app.wakeups import Watch
@@ -149,7 +148,7 @@ async def responses_create(request: HttpRequest) -> HttpResponse:
         return response
     if started.stream:
         return await _stream_started(request, started)
-    with Watch(started.task_id, statuses=TERMINAL_TASK_STATUSES) as watch:
+    with Watch(started.task_id, statuses=states.TERMINAL) as watch:
         while not await run_db(response_task_finished, task_id=started.task_id):
             await watch.wait(watch.hub.poll_interval())
     reply = await run_db(response_finish, task_id=started.task_id, idempotency_record_id=started.idempotency_record_id)

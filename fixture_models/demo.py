@@ -647,7 +647,7 @@ def _build_graph(size: DemoSize, weights: dict[str, np.ndarray]) -> onnx.ModelPr
     model = helper.make_model(
         graph,
         opset_imports=[helper.make_opsetid("", OPSET)],
-        producer_name="workers.demo_model",
+        producer_name="fixture_models.demo",
         producer_version="1",
     )
     model.ir_version = IR_VERSION

@@ -20,15 +20,15 @@ from django.views.decorators.csrf import csrf_exempt
 
 from tasks_app.api.problems import problem_json_response
 from tasks_app.dbpool import run_db
+from tasks_app.event_feeds import feeds
 from tasks_app.exceptions import LocalClientsOnly, MethodNotAllowed
-from tasks_app.metrics import (
+from tasks_app.prometheus import (
     RateLimitedWarning,
     Scrape,
     metrics_exposition,
     metrics_redis_read,
     tasks_active_count,
 )
-from tasks_app.streams import feeds
 
 logger = logging.getLogger(__name__)
 

@@ -19,8 +19,9 @@ from dataclasses import dataclass
 
 from django.conf import settings
 
+from tasks_app import events
 from tasks_app.dbpool import run_db
-from tasks_app.models import TERMINAL_EVENT_TYPES, TaskEvent
+from tasks_app.models import TaskEvent
 from tasks_app.wakeups import Change, WakeHub, wake_hub
 
 logger = logging.getLogger(__name__)
@@ -68,7 +69,7 @@ def task_event_frames_after(*, task_id: str, after: int, limit: int) -> list[Fra
         .order_by("sequence_number")
         .values_list("sequence_number", "type", "payload")[:limit]
     )
-    return [Frame(seq, kind in TERMINAL_EVENT_TYPES, sse_frame(seq, kind, payload)) for seq, kind, payload in rows]
+    return [Frame(seq, kind in events.TERMINAL, sse_frame(seq, kind, payload)) for seq, kind, payload in rows]
 
 
 class TaskFeed:

@@ -1,0 +1,123 @@
+"""What the API views' schema annotations use: ``operation(...)``, shared parameters and responses.
+
+The views (``views.py``) and the stand-ins of the async views
+(``schema_stand_ins.py``) import this module, so it imports no view module.
+How the schema is put together: ``schema_generator.py``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+from drf_spectacular.utils import OpenApiExample, OpenApiParameter, OpenApiResponse, extend_schema
+
+from tasks_app import exceptions as exc
+from tasks_app.events import TERMINAL, EventType
+from tasks_app.services.idempotency import MAX_KEY_LENGTH
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+EVENT_STREAM_MEDIA_TYPE = "text/event-stream"
+
+# The order of a task's log (PROFILE.md section 4): the enum's members are in
+# log order, and the terminal ones end it, in the order of ``events.TERMINAL``
+# (the lifecycle and the stream reader use that constant too).
+NON_TERMINAL_EVENT_TYPES: tuple[EventType, ...] = tuple(t for t in EventType if t not in TERMINAL)
+EVENT_TYPES: tuple[EventType, ...] = (*NON_TERMINAL_EVENT_TYPES, *TERMINAL)
+
+
+# --- parameters and headers shared by several operations ---------------------------------------------
+
+TASK_ID = OpenApiParameter("task_id", str, OpenApiParameter.PATH, description="`task_` + ULID.")
+RESPONSE_ID = OpenApiParameter("response_id", str, OpenApiParameter.PATH, description="`resp_` + ULID.")
+IDEMPOTENCY_KEY = OpenApiParameter(
+    "Idempotency-Key",
+    {"type": "string", "minLength": 1, "maxLength": MAX_KEY_LENGTH, "pattern": "^[ -~]+$"},
+    OpenApiParameter.HEADER,
+    description="1-255 printable ASCII characters, scoped to the client and the endpoint, kept 24 h by default. "
+    "The same key with the same body answers the first reply again (with `Idempotent-Replayed: true`); "
+    "with another body `422 idempotency_key_reused`; while the first is still being served "
+    "`409 idempotency_key_in_use`.",
+)
+_CURSOR_RULES = (
+    "Send only events with a greater `sequence_number`. A cursor at the terminal event of a finished task "
+    "answers `204`; one past the newest event `400 invalid_request`; one before the oldest kept event "
+    "`410 event_history_expired`."
+)
+LAST_EVENT_ID = OpenApiParameter(
+    "Last-Event-ID",
+    {"type": "integer", "minimum": 0, "maximum": 2**31 - 1},
+    OpenApiParameter.HEADER,
+    description="Resume cursor, as an `EventSource` sends it on reconnect; wins over `starting_after`. "
+    + _CURSOR_RULES,
+)
+STARTING_AFTER = OpenApiParameter(
+    "starting_after",
+    {"type": "integer", "minimum": 0, "maximum": 2**31 - 1},
+    OpenApiParameter.QUERY,
+    description="Resume cursor, as the `openai` package sends it. " + _CURSOR_RULES,
+)
+LOCATION = OpenApiParameter(
+    "Location", str, OpenApiParameter.HEADER, response=[202], description="Path of the new task."
+)
+
+
+def idempotent_replayed(*statuses: int) -> OpenApiParameter:
+    """The response header that marks a replay, on these statuses."""
+    return OpenApiParameter(
+        "Idempotent-Replayed",
+        {"type": "string", "enum": ["true"]},
+        OpenApiParameter.HEADER,
+        response=list(statuses),
+        description="Present on a reply that repeats the first reply to this `Idempotency-Key`.",
+    )
+
+
+EVENT_STREAM = OpenApiResponse(
+    {"type": "string"},
+    description=(
+        "Server-sent events, one frame per event: `id: <sequence_number>`, `event: <type>`, "
+        "`data: <the event as JSON, see the StreamEvent schema>`, a blank line. Types in order: "
+        + ", ".join(f"`{name}`" for name in NON_TERMINAL_EVENT_TYPES)
+        + " (many deltas), then exactly one of "
+        + ", ".join(f"`{name}`" for name in TERMINAL)
+        + ", after which the server closes the stream. It opens with the comment `: stream opened` and "
+        "sends `: keepalive` while idle. A `retry` policy's rerun appends a new `response.in_progress` "
+        "with empty output: drop the text of earlier attempts when it comes."
+    ),
+    examples=[
+        OpenApiExample(
+            "frames",
+            value=(
+                ": stream opened\n\n"
+                "id: 0\nevent: response.created\n"
+                'data: {"type":"response.created","sequence_number":0,"response":{"id":"resp_…","status":"queued"}}\n\n'
+                "id: 4\nevent: response.output_text.delta\n"
+                'data: {"type":"response.output_text.delta","sequence_number":4,"item_id":"msg_…",'
+                '"output_index":0,"content_index":0,"delta":"Hel"}\n\n'
+            ),
+            media_type=EVENT_STREAM_MEDIA_TYPE,
+            status_codes=[200],
+            response_only=True,
+        )
+    ],
+)
+STREAM_FINISHED = OpenApiResponse(
+    description="The cursor is the task's terminal event: nothing is left to send, so an `EventSource` "
+    "stops reconnecting."
+)
+
+
+def operation(*, problems: Sequence[type[exc.LmspError]] = (), **schema: Any) -> Callable[[F], F]:
+    """``extend_schema`` for one handler, plus the problems it raises itself.
+
+    The postprocessing hook adds the problems every operation shares and
+    renders all of them (see ``schema_generator.py``).
+    """
+
+    def decorate(handler: F) -> F:
+        handler.lmsp_problems = tuple(problems)  # type: ignore[attr-defined]
+        return extend_schema(**schema)(handler)
+
+    return decorate

@@ -1,0 +1,207 @@
+"""The schema-only components: the objects the API answers, as serializers spectacular reads.
+
+They never render anything: ``tasks_app/wire.py`` and the output serializers
+build the real bodies; ``tests/test_openapi.py`` checks those against these.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from drf_spectacular.utils import extend_schema_serializer
+from rest_framework import serializers
+
+from tasks_app.api.schema_annotations import EVENT_TYPES
+from tasks_app.api.schema_problems import problem_codes
+from tasks_app.api.serializers import MAX_METADATA_PAIRS
+from tasks_app.models import TaskType
+from tasks_app.services.clients import SCOPES
+from tasks_app.states import ResponseStatus, RestartPolicy, TaskStatus
+
+
+@extend_schema_serializer(component_name="ProblemFieldError")
+class ProblemFieldErrorSchema(serializers.Serializer):
+    field = serializers.CharField(
+        help_text="Where: a dotted path into the body (`input.model`, `input.input[0].role`), "
+        "or the query parameter or header at fault (`starting_after`, `Idempotency-Key`)."
+    )
+    message = serializers.CharField()
+
+
+@extend_schema_serializer(component_name="Problem")
+class ProblemSchema(serializers.Serializer):
+    """An RFC 9457 problem (``application/problem+json``); also a failed task's or response's ``error``."""
+
+    type = serializers.CharField(help_text="`urn:lmsp:problem:` followed by `code`.")
+    title = serializers.CharField(help_text="Fixed per code.")
+    status = serializers.IntegerField(help_text="The HTTP status that goes with `code`.")
+    detail = serializers.CharField(help_text="What went wrong with this request, for people.")
+    code = serializers.ChoiceField(choices=problem_codes(), help_text="What programs branch on.")
+    instance = serializers.CharField(
+        required=False, help_text="The request path. Absent in a task's or response's `error`."
+    )
+    errors = ProblemFieldErrorSchema(
+        many=True, required=False, help_text="Validation errors, one per offending field (400 only)."
+    )
+
+
+@extend_schema_serializer(component_name="Usage")
+class UsageSchema(serializers.Serializer):
+    input_tokens = serializers.IntegerField()
+    output_tokens = serializers.IntegerField()
+    total_tokens = serializers.IntegerField()
+
+
+@extend_schema_serializer(component_name="OutputText")
+class OutputTextSchema(serializers.Serializer):
+    type = serializers.ChoiceField(choices=["output_text"])
+    text = serializers.CharField()
+    annotations = serializers.ListField(child=serializers.DictField())
+
+
+@extend_schema_serializer(component_name="OutputMessage")
+class OutputMessageSchema(serializers.Serializer):
+    id = serializers.CharField(help_text="`msg_` + ULID.")
+    type = serializers.ChoiceField(choices=["message"])
+    status = serializers.ChoiceField(choices=["in_progress", "completed", "incomplete"])
+    role = serializers.ChoiceField(choices=["assistant"])
+    content = OutputTextSchema(many=True)
+
+
+@extend_schema_serializer(component_name="IncompleteDetails")
+class IncompleteDetailsSchema(serializers.Serializer):
+    reason = serializers.ChoiceField(choices=["max_output_tokens"])
+
+
+@extend_schema_serializer(component_name="Response")
+class ResponseSchema(serializers.Serializer):
+    """The response object (PROFILE.md section 3)."""
+
+    id = serializers.CharField(help_text="`resp_` + ULID.")
+    object = serializers.ChoiceField(choices=["response"])
+    created_at = serializers.IntegerField(help_text="Unix seconds.")
+    status = serializers.ChoiceField(choices=ResponseStatus.values)
+    model = serializers.CharField()
+    output = OutputMessageSchema(many=True)
+    usage = UsageSchema(allow_null=True)
+    error = ProblemSchema(allow_null=True, help_text="Set when `status` is `failed`.")
+    incomplete_details = IncompleteDetailsSchema(allow_null=True)
+    instructions = serializers.CharField(allow_null=True)
+    max_output_tokens = serializers.IntegerField(allow_null=True)
+    temperature = serializers.FloatField(allow_null=True)
+    top_p = serializers.FloatField(allow_null=True)
+    metadata = serializers.DictField(child=serializers.CharField(), help_text=f"At most {MAX_METADATA_PAIRS} pairs.")
+
+
+@extend_schema_serializer(component_name="Task")
+class TaskSchema(serializers.Serializer):
+    """The task object (chapter 7.1)."""
+
+    id = serializers.CharField(help_text="`task_` + ULID.")
+    object = serializers.ChoiceField(choices=["task"])
+    type = serializers.ChoiceField(choices=TaskType.values)
+    status = serializers.ChoiceField(choices=TaskStatus.values)
+    created_at = serializers.IntegerField(help_text="Unix seconds.")
+    updated_at = serializers.IntegerField(help_text="Unix seconds.")
+    response_id = serializers.CharField(help_text="`resp_` + ULID, fixed at creation.")
+    events_url = serializers.CharField(help_text="Path of the task's event stream.")
+    on_restart = serializers.ChoiceField(choices=RestartPolicy.values)
+    response = ResponseSchema(allow_null=True, help_text="The response once `status` is `succeeded`, else null.")
+    error = ProblemSchema(allow_null=True, help_text="Why the task failed once `status` is `failed`, else null.")
+
+
+class _PageSchema(serializers.Serializer):
+    """The list envelope every page shares; subclasses add ``data``."""
+
+    object = serializers.ChoiceField(choices=["list"])
+    first_id = serializers.CharField(allow_null=True)
+    last_id = serializers.CharField(allow_null=True, help_text="Pass as `after` for the next page.")
+    has_more = serializers.BooleanField()
+
+
+@extend_schema_serializer(component_name="TaskList")
+class TaskListSchema(_PageSchema):
+    data = TaskSchema(many=True)
+
+
+@extend_schema_serializer(component_name="ModelCapabilities")
+class ModelCapabilitiesSchema(serializers.Serializer):
+    resumable_snapshots = serializers.BooleanField(help_text="`on_restart: resume` is accepted for this model.")
+    chat_template = serializers.BooleanField()
+
+
+@extend_schema_serializer(component_name="Model")
+class ModelSchema(serializers.Serializer):
+    id = serializers.CharField(help_text="`name` or `name:tag`.")
+    object = serializers.ChoiceField(choices=["model"])
+    created = serializers.IntegerField(help_text="Unix seconds.")
+    owned_by = serializers.CharField()
+    backend = serializers.CharField()
+    digest = serializers.CharField(help_text="`sha256:` of the model's files.")
+    size_bytes = serializers.IntegerField()
+    capabilities = ModelCapabilitiesSchema()
+    context_length = serializers.IntegerField(allow_null=True)
+
+
+@extend_schema_serializer(component_name="ModelList")
+class ModelListSchema(_PageSchema):
+    data = ModelSchema(many=True)
+
+
+@extend_schema_serializer(component_name="Capabilities")
+class CapabilitiesSchema(serializers.Serializer):
+    object = serializers.ChoiceField(choices=["capabilities"])
+    lmsp_version = serializers.CharField()
+    service_id = serializers.CharField(help_text="This installation's stable id.")
+    event_resume = serializers.BooleanField()
+    task_types = serializers.ListField(child=serializers.ChoiceField(choices=TaskType.values))
+    on_restart = serializers.ListField(child=serializers.ChoiceField(choices=RestartPolicy.values))
+    idempotency = serializers.BooleanField()
+    pairing = serializers.BooleanField()
+    scopes = serializers.ListField(child=serializers.ChoiceField(choices=SCOPES))
+    max_request_bytes = serializers.IntegerField(help_text="Larger request bodies are refused with 413.")
+
+
+@extend_schema_serializer(component_name="StreamToken")
+class StreamTokenSchema(serializers.Serializer):
+    object = serializers.ChoiceField(choices=["stream_token"])
+    token = serializers.CharField(help_text="Read-only, for this task's event stream only.")
+    task_id = serializers.CharField()
+    expires_at = serializers.IntegerField(help_text="Unix seconds.")
+    events_url = serializers.CharField(help_text="The event stream's path with `?token=`, for `EventSource`.")
+
+
+@extend_schema_serializer(component_name="PairedClient")
+class PairedClientSchema(serializers.Serializer):
+    object = serializers.ChoiceField(choices=["client"])
+    name = serializers.CharField()
+    scopes = serializers.ListField(child=serializers.ChoiceField(choices=SCOPES))
+    token = serializers.CharField(help_text="The bearer token. Shown this once; only its hash is stored.")
+
+
+def stream_event_schema() -> dict[str, Any]:
+    """One event as the ``data:`` line of a frame carries it (and as the event log stores it)."""
+
+    def ref(name: str) -> dict[str, str]:
+        return {"$ref": f"#/components/schemas/{name}"}
+
+    return {
+        "type": "object",
+        "description": "One event of a task's log: the JSON of an SSE frame's `data:` line.",
+        "required": ["type", "sequence_number"],
+        "properties": {
+            "type": {"type": "string", "enum": list(EVENT_TYPES)},
+            "sequence_number": {"type": "integer", "minimum": 0, "description": "0 for `response.created`, +1 each."},
+            "response": {
+                **ref("Response"),
+                "description": "On `response.created`, `response.in_progress` and the terminal events.",
+            },
+            "item": ref("OutputMessage"),
+            "item_id": {"type": "string"},
+            "output_index": {"type": "integer"},
+            "content_index": {"type": "integer"},
+            "delta": {"type": "string", "description": "On `response.output_text.delta`: the next text."},
+            "text": {"type": "string", "description": "On `response.output_text.done`: the whole text."},
+            "part": ref("OutputText"),
+        },
+    }

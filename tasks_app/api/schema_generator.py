@@ -1,0 +1,176 @@
+"""The OpenAPI 3 schema of ``/lmsp/v1`` (drf-spectacular), served at ``/lmsp/v1/openapi.json``.
+
+drf-spectacular reads the DRF views and their ``extend_schema`` annotations
+(``schema_annotations.operation``). This module, which spectacular loads from
+``SPECTACULAR_SETTINGS`` only to build the schema, adds what it cannot see
+on its own:
+
+- The plain async views of ``stream_views.py`` (the event streams, ``POST
+  /responses``, ``GET /responses/{id}``) are not DRF views, so the generator
+  documents each through a stand-in ``APIView`` (``schema_stand_ins.py``)
+  that is never routed.
+- Problems: a handler names the exception classes it raises itself with
+  ``operation(problems=...)``; the postprocessing hook adds the ones every
+  operation shares (401/403, 405, 413, 415, 500) and builds one response per
+  status whose ``code`` enum, descriptions and examples come from the
+  exception classes (``schema_problems.py``), so the schema cannot drift from
+  the codes we raise.
+- Security: per operation from the views' ``scopes_by_method`` (``None`` is
+  public), so the schema states exactly what ``HasRequiredScopes`` checks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from django.conf import settings
+from drf_spectacular.extensions import OpenApiAuthenticationExtension
+from drf_spectacular.generators import EndpointEnumerator, SchemaGenerator
+
+from tasks_app.api.schema_components import stream_event_schema
+from tasks_app.api.schema_problems import operation_problems, problem_classes, problem_meaning, problem_response
+from tasks_app.api.schema_stand_ins import documented_view
+
+API_PREFIX = "/lmsp/v1/"
+BEARER = "bearerAuth"
+STREAM_TOKEN = "streamToken"
+STAFF_SESSION = "staffSession"
+
+
+class LmspEndpointEnumerator(EndpointEnumerator):
+    """The ``/lmsp/v1`` routes only (not the admin, not ``/metrics``), stand-ins included."""
+
+    def should_include_endpoint(self, path: str, callback: Callable[..., Any]) -> bool:
+        return path.startswith(API_PREFIX) and super().should_include_endpoint(path, documented_view(callback))
+
+    def get_allowed_methods(self, callback: Callable[..., Any]) -> list[str]:
+        return super().get_allowed_methods(documented_view(callback))
+
+
+class LmspSchemaGenerator(SchemaGenerator):
+    endpoint_inspector_cls = LmspEndpointEnumerator
+
+    def create_view(self, callback: Callable[..., Any], method: str, request: Any = None) -> Any:
+        return super().create_view(documented_view(callback), method, request)
+
+
+class BearerTokenScheme(OpenApiAuthenticationExtension):
+    target_class = "tasks_app.auth.BearerTokenAuthentication"
+    name = BEARER
+
+    def get_security_definition(self, auto_schema: Any) -> dict[str, Any]:
+        return {
+            "type": "http",
+            "scheme": "bearer",
+            "description": "A client's token (`lmsp_client create`, or `POST /pair`). Never in a URL.",
+        }
+
+
+# --- the postprocessing hook ------------------------------------------------------------------------
+
+
+def _security(view_cls: type, method: str) -> tuple[list[dict[str, list[str]]], str]:
+    scopes = view_cls.scopes_by_method[method]
+    if scopes is None:
+        return [], "**Auth:** public, no token."
+    # OpenAPI 3.1 lets a non-OAuth requirement list the roles it needs: here the scopes.
+    requirements = [{BEARER: list(scopes)}]
+    named = ", ".join(f"`{scope}`" for scope in scopes)
+    note = f"**Auth:** a bearer token with the scope {named} (or `admin`)." if scopes else "**Auth:** a bearer token."
+    if getattr(view_cls, "stream_readers", False):
+        requirements += [{STREAM_TOKEN: []}, {STAFF_SESSION: []}]
+        note += " For the event stream also a stream token (`?token=`) or a logged-in staff session."
+    return requirements, note
+
+
+def _endpoints(generator: SchemaGenerator) -> Iterator[tuple[str, str, type]]:
+    for path, _regex, method, callback in generator.endpoints:
+        yield path, method, documented_view(callback).cls
+
+
+def lmsp_postprocess(result: dict[str, Any], generator: SchemaGenerator, **kwargs: Any) -> dict[str, Any]:
+    """POSTPROCESSING_HOOKS: security, problems and the shared components (see the module docstring)."""
+    answered: set[str] = set()
+    for path, method, view_cls in _endpoints(generator):
+        op = result["paths"].get(path, {}).get(method.lower())
+        if op is None:
+            continue
+        security, note = _security(view_cls, method)
+        op["security"] = security
+        op["description"] = f"{op.get('description', '').strip()}\n\n{note}".strip()
+        handler = getattr(view_cls, method.lower())
+        problems = operation_problems(
+            handler_problems=getattr(handler, "lmsp_problems", ()),
+            method=method,
+            public=not security,
+            has_body="requestBody" in op,
+        )
+        responses = dict(op["responses"])
+        for status, classes in problems.items():
+            responses[str(status)] = problem_response(status, classes, path)
+            answered.update(cls.code for cls in classes)
+        op["responses"] = dict(sorted(responses.items()))
+
+    components = result.setdefault("components", {})
+    components.setdefault("schemas", {})["StreamEvent"] = stream_event_schema()
+    components["schemas"] = dict(sorted(components["schemas"].items()))
+    schemes = components.setdefault("securitySchemes", {})
+    schemes[STREAM_TOKEN] = {
+        "type": "apiKey",
+        "in": "query",
+        "name": "token",
+        "description": "A short-lived read-only token for one task's event stream "
+        "(`POST /tasks/{task_id}/stream_token`).",
+    }
+    schemes[STAFF_SESSION] = {
+        "type": "apiKey",
+        "in": "cookie",
+        "name": settings.SESSION_COOKIE_NAME,
+        "description": "A logged-in, active staff user of the Django admin; reads every task's events.",
+    }
+    result["info"]["description"] = service_description(answered)
+    return _without_enum_ids(result)
+
+
+def _without_enum_ids(node: Any) -> Any:
+    """Drop spectacular's ``x-spec-enum-id`` markers, which only its own enum hook (not used) consumes."""
+    if isinstance(node, dict):
+        return {key: _without_enum_ids(value) for key, value in node.items() if key != "x-spec-enum-id"}
+    if isinstance(node, list):
+        return [_without_enum_ids(value) for value in node]
+    return node
+
+
+def service_description(answered: set[str]) -> str:
+    """``info.description``: the rules every operation shares, and every problem code."""
+    # The most specific class of each code (``InternalError`` over the base ``LmspError``).
+    by_code = {cls.code: cls for cls in problem_classes()}
+
+    def table(codes: list[str]) -> str:
+        classes = sorted((by_code[code] for code in codes), key=lambda cls: (cls.status, cls.code))
+        rows = "\n".join(f"| `{cls.code}` | {cls.status} | {cls.title} | {problem_meaning(cls)} |" for cls in classes)
+        return f"| code | status | title | meaning |\n|---|---|---|---|\n{rows}"
+
+    others = [code for code in by_code if code not in answered]
+    return f"""LMSP 1.0 with durable tasks: a task is committed to the database before its `202`, and is
+found in a defined state after any crash or restart.
+
+**Auth.** `Authorization: Bearer <token>` on every operation except `GET /capabilities` and `POST /pair`.
+Scopes: `responses` (create responses and tasks, cancel own tasks), `read` (read own tasks, responses,
+events, models), `admin` (every scope, every client's tasks). Another client's task or response is `404`.
+
+**Errors** are RFC 9457 problems (`application/problem+json`) with a `code`; each operation lists, per
+status, the codes it answers. The codes the operations answer:
+
+{table(sorted(answered))}
+
+The other codes the service defines appear in the `error` of a failed task or response, answer an unknown
+path (`not_found`), or belong to endpoints outside this API:
+
+{table(others)}
+
+Requests are JSON only (`Content-Type: application/json`); the `Accept` header is not negotiated, so no
+operation answers `406`. Every `GET` that answers JSON also answers `HEAD`. Bodies larger than
+`max_request_bytes` are refused with `413` before routing.
+"""

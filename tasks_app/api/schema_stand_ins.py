@@ -1,0 +1,138 @@
+"""Stand-in ``APIView``s for the plain async views of ``stream_views.py``, never routed.
+
+The event streams, ``POST /responses`` and ``GET /responses/{id}`` are not
+DRF views, so spectacular cannot read them: the generator documents each
+through its stand-in here (``documented_view``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse
+from rest_framework.views import APIView
+
+from tasks_app import exceptions as exc
+from tasks_app.api import stream_views
+from tasks_app.api.schema_annotations import (
+    EVENT_STREAM,
+    EVENT_STREAM_MEDIA_TYPE,
+    IDEMPOTENCY_KEY,
+    LAST_EVENT_ID,
+    RESPONSE_ID,
+    STARTING_AFTER,
+    STREAM_FINISHED,
+    TASK_ID,
+    idempotent_replayed,
+    operation,
+)
+from tasks_app.api.schema_components import ResponseSchema
+from tasks_app.api.serializers import ResponseRequestSerializer
+
+
+class TaskEventsOperations(APIView):
+    """``stream_views.task_events`` as the schema shows it."""
+
+    scopes_by_method = {"GET": ("read",)}
+    # Besides a bearer token: a stream token (``?token=``) or a staff session.
+    stream_readers = True
+
+    @operation(
+        operation_id="tasks_events",
+        summary="Stream a task's events (SSE)",
+        description="Every event from `response.created` on, then live ones until the terminal event. "
+        "A client that connects late gets what it missed first. Resume with `Last-Event-ID` or "
+        "`starting_after`. Browsers, whose `EventSource` cannot send a header, use a stream token "
+        "(`?token=`, see `POST /tasks/{task_id}/stream_token`) or a staff session of the admin.",
+        parameters=[TASK_ID, LAST_EVENT_ID, STARTING_AFTER],
+        request=None,
+        responses={(200, EVENT_STREAM_MEDIA_TYPE): EVENT_STREAM, 204: STREAM_FINISHED},
+        problems=[exc.InvalidRequest, exc.TaskNotFound, exc.EventHistoryExpired],
+    )
+    def get(self, request: Any, task_id: str) -> None:
+        """Schema only."""
+
+
+class ResponsesOperations(APIView):
+    """``stream_views.responses_create`` (with ``views.ResponseCreateView``) as the schema shows it."""
+
+    scopes_by_method = {"POST": ("responses",)}
+
+    @operation(
+        operation_id="responses_create",
+        summary="Create a response: wait for it, or stream its events",
+        description="The request becomes a task (policy `fail`, listed by `GET /tasks`). With `stream: false` "
+        "the call waits until the task ends and answers the response object, whatever its status "
+        "(`completed`, `incomplete`, `failed`, `cancelled`). With `stream: true` it answers the task's "
+        "events as `GET /tasks/{task_id}/events` does. A retry with the same `Idempotency-Key` never runs "
+        "a second generation: it answers the stored response again, or streams the same task's events "
+        "again, from `Last-Event-ID` / `starting_after` when given.",
+        parameters=[IDEMPOTENCY_KEY, LAST_EVENT_ID, STARTING_AFTER, idempotent_replayed(200, 204)],
+        request=ResponseRequestSerializer,
+        responses={
+            (200, "application/json"): OpenApiResponse(ResponseSchema, description="`stream: false`."),
+            (200, EVENT_STREAM_MEDIA_TYPE): EVENT_STREAM,
+            204: OpenApiResponse(
+                description="`stream: true`, retried with its key and a cursor at the terminal event: "
+                "nothing is left to send."
+            ),
+        },
+        problems=[
+            exc.InvalidRequest,
+            exc.ModelNotFound,
+            exc.IdempotencyKeyInUse,
+            exc.EventHistoryExpired,
+            exc.IdempotencyKeyReused,
+            exc.QueueFull,
+        ],
+    )
+    def post(self, request: Any) -> None:
+        """Schema only."""
+
+
+class ResponseDetailOperations(APIView):
+    """``stream_views.response_detail`` (with ``views.ResponseDetailView``) as the schema shows it."""
+
+    scopes_by_method = {"GET": ("read",)}
+    stream_readers = True
+
+    @operation(
+        operation_id="responses_retrieve",
+        summary="Read a response, or (stream=true) stream its task's events",
+        description="The stored response object; with `stream=true` the events of the task that produces "
+        "it, resumable like `GET /tasks/{task_id}/events`. A stream token or a staff session is accepted "
+        "only with `stream=true`.",
+        parameters=[
+            RESPONSE_ID,
+            OpenApiParameter(
+                "stream",
+                {"type": "string", "enum": ["true", "false"]},
+                default="false",
+                description="`true`: the events instead of the object (anything but `true`/`false` is `400`).",
+            ),
+            LAST_EVENT_ID,
+            STARTING_AFTER,
+        ],
+        request=None,
+        responses={
+            (200, "application/json"): OpenApiResponse(ResponseSchema, description="`stream=false`."),
+            (200, EVENT_STREAM_MEDIA_TYPE): EVENT_STREAM,
+            204: STREAM_FINISHED,
+        },
+        problems=[exc.InvalidRequest, exc.ResponseNotFound, exc.EventHistoryExpired],
+    )
+    def get(self, request: Any, response_id: str) -> None:
+        """Schema only."""
+
+
+_STAND_INS: dict[Callable[..., Any], Callable[..., Any]] = {
+    stream_views.task_events: TaskEventsOperations.as_view(),
+    stream_views.responses_create: ResponsesOperations.as_view(),
+    stream_views.response_detail: ResponseDetailOperations.as_view(),
+}
+
+
+def documented_view(callback: Callable[..., Any]) -> Callable[..., Any]:
+    """The DRF view the schema documents for a URL pattern's callback."""
+    return _STAND_INS.get(callback, callback)

@@ -1,0 +1,154 @@
+"""The events of a task's log: their types, one builder per payload, the encoder and the readers.
+
+Every event type string lives here and nowhere else. The lifecycle writes
+events built by these functions; streams, selectors, the schema and the
+admin read them through :class:`EventType` and the readers below.
+
+An :class:`Event` is a type and its fields, without a number: the lifecycle
+numbers events as it writes them (``encode`` puts ``type`` and
+``sequence_number`` first, then the fields, as PROFILE.md section 4 shows
+them).
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from tasks_app.states import ResponseStatus
+from tasks_app.wire import message_item, output_text_part, response_object
+
+if TYPE_CHECKING:
+    # Only a type here: models imports this module for its constraints.
+    from tasks_app.models import Response
+
+
+class EventType(enum.StrEnum):
+    CREATED = "response.created"
+    """Event 0: the task was accepted; carries the queued response object."""
+    IN_PROGRESS = "response.in_progress"
+    """A worker started generating (each attempt opens with one)."""
+    OUTPUT_ITEM_ADDED = "response.output_item.added"
+    """The attempt's output message item opened, still empty."""
+    CONTENT_PART_ADDED = "response.content_part.added"
+    """The item's text part opened, still empty."""
+    OUTPUT_TEXT_DELTA = "response.output_text.delta"
+    """A piece of generated text; the deltas of an attempt joined are its text."""
+    OUTPUT_TEXT_DONE = "response.output_text.done"
+    """The item's whole text, once generation ended normally."""
+    CONTENT_PART_DONE = "response.content_part.done"
+    """The text part, closed."""
+    OUTPUT_ITEM_DONE = "response.output_item.done"
+    """The output item, closed with its final status."""
+    COMPLETED = "response.completed"
+    """Terminal: the response finished normally."""
+    INCOMPLETE = "response.incomplete"
+    """Terminal: the response stopped at a limit (``incomplete_details``)."""
+    FAILED = "response.failed"
+    """Terminal: the task failed; the response carries the problem."""
+    CANCELLED = "response.cancelled"
+    """Terminal: the task was cancelled; the response keeps the text shown so far."""
+
+
+E = EventType
+
+# A tuple, in this order: the schema lists them so, and the database's
+# one-terminal-event constraint was created with them so.
+TERMINAL: tuple[EventType, ...] = (E.COMPLETED, E.INCOMPLETE, E.FAILED, E.CANCELLED)
+
+_TERMINAL_OF: Mapping[str, EventType] = {
+    ResponseStatus.COMPLETED: E.COMPLETED,
+    ResponseStatus.INCOMPLETE: E.INCOMPLETE,
+    ResponseStatus.FAILED: E.FAILED,
+    ResponseStatus.CANCELLED: E.CANCELLED,
+}
+
+
+@dataclass(frozen=True)
+class Event:
+    """One event to write: its type and fields; the lifecycle gives it its number."""
+
+    type: EventType
+    fields: Mapping[str, Any] = field(default_factory=dict)
+
+
+def encode(event_type: str, sequence_number: int, fields: Mapping[str, Any]) -> str:
+    """The stored (and streamed) JSON of one event: type and number first."""
+    body = {"type": str(event_type), "sequence_number": sequence_number, **fields}
+    return json.dumps(body, ensure_ascii=False, separators=(",", ":"))
+
+
+# --------------------------------------------------------------------------- #
+# Builders, in the order a run writes them
+# --------------------------------------------------------------------------- #
+
+
+def created(response: Response) -> Event:
+    return Event(E.CREATED, {"response": response_object(response)})
+
+
+def in_progress(response: Response) -> Event:
+    return Event(E.IN_PROGRESS, {"response": response_object(response)})
+
+
+def output_item_added(item_id: str) -> Event:
+    return Event(E.OUTPUT_ITEM_ADDED, {"output_index": 0, "item": message_item(item_id, None, "in_progress")})
+
+
+def content_part_added(item_id: str) -> Event:
+    return Event(E.CONTENT_PART_ADDED, {**_head(item_id), "part": output_text_part("")})
+
+
+def output_text_delta(item_id: str, text: str) -> Event:
+    return Event(E.OUTPUT_TEXT_DELTA, {**_head(item_id), "delta": text})
+
+
+def output_text_done(item_id: str, text: str) -> Event:
+    return Event(E.OUTPUT_TEXT_DONE, {**_head(item_id), "text": text})
+
+
+def content_part_done(item_id: str, text: str) -> Event:
+    return Event(E.CONTENT_PART_DONE, {**_head(item_id), "part": output_text_part(text)})
+
+
+def output_item_done(item_id: str, text: str, item_status: str) -> Event:
+    return Event(E.OUTPUT_ITEM_DONE, {"output_index": 0, "item": message_item(item_id, text, item_status)})
+
+
+def finished(response: Response) -> Event:
+    """The terminal event that the response's (final) status implies."""
+    return Event(_TERMINAL_OF[response.status], {"response": response_object(response)})
+
+
+def _head(item_id: str) -> dict[str, Any]:
+    # One message item with one text part: always output 0, content 0.
+    return {"item_id": item_id, "output_index": 0, "content_index": 0}
+
+
+# --------------------------------------------------------------------------- #
+# Readers
+# --------------------------------------------------------------------------- #
+
+
+def opened_item_id(payload: str) -> str:
+    """The item id of a stored ``response.output_item.added`` event."""
+    return json.loads(payload)["item"]["id"]
+
+
+def delta_text(payloads: Iterable[str]) -> str:
+    """The text that stored ``response.output_text.delta`` events hold, joined in order."""
+    return "".join(json.loads(payload)["delta"] for payload in payloads)
+
+
+def output_text(output: Iterable[Any] | None) -> str:
+    """The text of a response's output items, as a client reads it."""
+    return "".join(
+        part.get("text", "")
+        for item in output or []
+        if isinstance(item, dict)
+        for part in item.get("content") or []
+        if isinstance(part, dict) and part.get("type") == "output_text"
+    )

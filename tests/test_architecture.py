@@ -1,0 +1,133 @@
+"""The layering rules, read from the source: who may write task state, who imports whom,
+and where the vocabulary lives. Each rule names the lines that break it."""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tasks_app.events import EventType
+
+REPO = Path(__file__).resolve().parent.parent
+PACKAGES = ("tasks_app", "workers", "lmsp_project", "fixture_models")
+LIFECYCLE = REPO / "tasks_app" / "lifecycle.py"
+STATE_MODELS = {"Task", "TaskEvent", "TaskSnapshot", "Response"}
+WRITES = {"update", "create", "bulk_create", "get_or_create", "update_or_create", "bulk_update"}
+
+
+def sources() -> Iterator[tuple[Path, ast.Module]]:
+    for package in PACKAGES:
+        for path in sorted((REPO / package).rglob("*.py")):
+            if "migrations" not in path.parts:
+                yield path, ast.parse(path.read_text(), filename=str(path))
+
+
+def where(path: Path, node: ast.AST) -> str:
+    return f"{path.relative_to(REPO)}:{node.lineno}"
+
+
+def _receiver_models(node: ast.expr) -> set[str]:
+    """The names a call chain starts from (``Task`` in ``Task.objects.filter(...).update``)."""
+    while True:
+        if isinstance(node, ast.Attribute):
+            node = node.value
+        elif isinstance(node, ast.Call):
+            node = node.func
+        elif isinstance(node, ast.Subscript):
+            node = node.value
+        else:
+            return {node.id} if isinstance(node, ast.Name) else set()
+
+
+def test_only_the_lifecycle_writes_tasks_events_snapshots_and_responses():
+    found = []
+    for path, tree in sources():
+        if path == LIFECYCLE:
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in WRITES:
+                if _receiver_models(node.func.value) & STATE_MODELS:
+                    found.append(where(path, node))
+    assert found == []
+
+
+def test_the_checker_sees_a_write_outside_the_lifecycle():
+    tree = ast.parse("Task.objects.filter(pk=1).update(status='failed')\nTaskEvent.objects.bulk_create([])\n")
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "attr", None) in WRITES]
+    assert [_receiver_models(call.func.value) for call in calls] == [{"Task"}, {"TaskEvent"}]
+
+
+def test_tasks_app_never_imports_workers():
+    found = []
+    for path, tree in sources():
+        if not path.is_relative_to(REPO / "tasks_app"):
+            continue
+        for node in ast.walk(tree):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            if any(name == "workers" or name.startswith("workers.") for name in names):
+                found.append(where(path, node))
+    assert found == []
+
+
+def test_no_worker_code_uses_the_fixture_model_builders():
+    found = [
+        where(path, node)
+        for path, tree in sources()
+        if path.is_relative_to(REPO / "workers")
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("fixture_models")
+    ]
+    assert found == []
+
+
+@pytest.mark.parametrize("module", ["lmsp_project.celery"])
+def test_only_the_broker_module_imports_the_celery_app(module):
+    found = [
+        where(path, node)
+        for path, tree in sources()
+        if path.is_relative_to(REPO / "tasks_app") or path.is_relative_to(REPO / "workers")
+        if path != REPO / "tasks_app" / "broker.py"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and node.module == module
+    ]
+    assert found == []
+
+
+def test_event_type_strings_live_in_the_events_module():
+    types = {member.value for member in EventType}
+    found = [
+        where(path, node)
+        for path, tree in sources()
+        if path != REPO / "tasks_app" / "events.py"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and node.value in types
+    ]
+    assert found == []
+
+
+def test_groups_of_statuses_are_named_in_the_states_module():
+    """No other module spells out a set of two or more statuses; it names a group of ``states``."""
+    members = {"QUEUED", "LOADING", "RUNNING", "CANCELLING", "SUCCEEDED", "FAILED", "CANCELLED"}
+    found = []
+    for path, tree in sources():
+        if path == REPO / "tasks_app" / "states.py":
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Set | ast.Tuple | ast.List):
+                statuses = [
+                    e for e in node.elts if isinstance(e, ast.Attribute) and e.attr in members and _is_status(e.value)
+                ]
+                if len(statuses) >= 2:
+                    found.append(where(path, node))
+    assert found == []
+
+
+def _is_status(node: ast.expr) -> bool:
+    return isinstance(node, ast.Name) and node.id in {"S", "TaskStatus"}

@@ -1,0 +1,204 @@
+"""The generation loop: sample, detokenise, apply stop strings; and its snapshot/resume.
+
+A snapshot is JSON-able state taken between steps; resuming re-prefills the
+prompt and the ids generated so far and continues token for token as the
+interrupted generation would have. Prompt, token and snapshot errors raise
+``GenerationError``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from workers.backends.base import (
+    FINISH_CANCELLED,
+    FINISH_EOS,
+    FINISH_LENGTH,
+    FINISH_STOP,
+    SamplingParams,
+    Step,
+    StopCheck,
+)
+from workers.backends.detokenizer import StopFilter, StreamDetokenizer
+from workers.backends.errors import GenerationError
+from workers.backends.onnx.error_text import one_line
+from workers.backends.sampling import Sampler
+
+if TYPE_CHECKING:
+    from workers.backends.onnx.model import OnnxModel
+
+SNAPSHOT_VERSION = 1
+
+
+class OnnxGeneration:
+    """A running generation (implements ``Generation``); iterate it once for its steps."""
+
+    def __init__(
+        self,
+        model: OnnxModel,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        should_stop: StopCheck,
+        *,
+        seed: int | None = None,
+        generated_ids: list[int] | None = None,
+        text: str = "",
+        held_text: str = "",
+        detokenizer_offsets: tuple[int, int] = (0, 0),
+    ) -> None:
+        model._require_session()
+        if not prompt_ids:
+            raise GenerationError("the prompt is empty")
+        if len(prompt_ids) >= model.context_length:
+            raise GenerationError(
+                f"the prompt has {len(prompt_ids)} tokens; model {model.name!r} has a context window of "
+                f"{model.context_length}, which leaves no room for output"
+            )
+        vocab = model.tokenizer.get_vocab_size(with_added_tokens=True)
+        self.model = model
+        self.prompt_ids = prompt_ids
+        self.generated_ids = generated_ids or []
+        if any(not 0 <= i < vocab for i in prompt_ids + self.generated_ids):
+            raise GenerationError(f"token ids must lie in 0..{vocab - 1}")
+        temperature, top_p = model.defaults.resolve(params.temperature, params.top_p)
+        self.sampler = Sampler(temperature=temperature, top_p=top_p, seed=params.seed if seed is None else seed)
+        self.seed = self.sampler.seed
+        self.prompt_tokens = len(prompt_ids)
+        room = model.context_length - len(prompt_ids)
+        self.max_output_tokens = room if params.max_output_tokens is None else min(params.max_output_tokens, room)
+        self.finish_reason: str | None = None
+        self._should_stop = should_stop
+        self._detokenizer = StreamDetokenizer(
+            model.tokenizer, prefix_offset=detokenizer_offsets[0], read_offset=detokenizer_offsets[1]
+        )
+        self._stop_filter = StopFilter(params.stop, held=held_text, released_chars=len(text))
+        self._text = [text] if text else []
+        self._steps: Iterator[Step] | None = None
+
+    @classmethod
+    def from_snapshot(
+        cls, model: OnnxModel, snapshot: Mapping[str, Any], params: SamplingParams, should_stop: StopCheck
+    ) -> OnnxGeneration:
+        """Rebuild the generation a snapshot describes; see :meth:`snapshot`."""
+        try:
+            if snapshot.get("version") != SNAPSHOT_VERSION:
+                raise ValueError(f"version {snapshot.get('version')!r}, expected {SNAPSHOT_VERSION}")
+            prompt = [int(i) for i in snapshot["prompt_ids"]]
+            generated = [int(i) for i in snapshot["generated_ids"]]
+            offsets = snapshot["detokenizer"]
+            prefix, read = int(offsets["prefix_offset"]), int(offsets["read_offset"])
+            text, held = str(snapshot["text"]), str(snapshot["held_text"])
+            if int(snapshot["released_chars"]) != len(text):
+                raise ValueError("released_chars does not match the released text")
+            if not 0 <= prefix <= read <= len(generated):
+                raise ValueError("detokenizer offsets out of range")
+            seed = int(snapshot["seed"])
+            rng_state = snapshot["rng_state"]
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise GenerationError(f"the snapshot is not valid: {one_line(exc)}") from None
+        generation = cls(
+            model,
+            prompt,
+            params,
+            should_stop,
+            seed=seed,
+            generated_ids=generated,
+            text=text,
+            held_text=held,
+            detokenizer_offsets=(prefix, read),
+        )
+        generation.sampler.set_state(rng_state)
+        finished = snapshot.get("finish_reason")
+        if finished in (FINISH_EOS, FINISH_STOP, FINISH_LENGTH):
+            # Nothing is left to produce; resuming just reports the same end.
+            generation.finish_reason = finished
+            generation._steps = iter(())
+        return generation
+
+    @property
+    def output_tokens(self) -> int:
+        return len(self.generated_ids)
+
+    def __iter__(self) -> Iterator[Step]:
+        if self._steps is None:
+            self._steps = self._run()
+        return self._steps
+
+    def text(self) -> str:
+        """All text released so far; after a resume it includes the text released before the snapshot."""
+        return "".join(self._text)
+
+    def snapshot(self) -> dict[str, Any]:
+        """The state right after the last step yielded, as JSON-able data.
+
+        ``text``/``released_chars`` are what the stop filter released,
+        ``held_text`` what it still keeps back; the RNG state holds its 128-bit
+        integers as hex strings.
+        """
+        new_ids, state = self.snapshot_since(0, with_prompt=True)
+        return {**state, "generated_ids": new_ids, "text": self.text()}
+
+    def snapshot_since(self, tokens: int, *, with_prompt: bool) -> tuple[list[int], dict[str, Any]]:
+        """:meth:`snapshot` in parts that do not grow with the output: the ids
+        generated after the first ``tokens``, and the rest without ``text``
+        (and without ``prompt_ids`` unless ``with_prompt``)."""
+        state: dict[str, Any] = {
+            "version": SNAPSHOT_VERSION,
+            "seed": self.seed,
+            "rng_state": self.sampler.get_state(),
+            "detokenizer": self._detokenizer.state(),
+            "released_chars": self._stop_filter.released_chars,
+            "held_text": self._stop_filter.held,
+            "finish_reason": self.finish_reason,
+        }
+        if with_prompt:
+            state["prompt_ids"] = list(self.prompt_ids)
+        return self.generated_ids[tokens:], state
+
+    def _release(self, text: str) -> str:
+        if text:
+            self._text.append(text)
+        return text
+
+    def _flush(self, ids: Sequence[int]) -> str:
+        """Release held text at the end; a stop string can still show up in it."""
+        text = self._stop_filter.push(self._detokenizer.flush(ids))
+        if not self._stop_filter.stopped:
+            text += self._stop_filter.flush()
+        return self._release(text)
+
+    def _run(self) -> Iterator[Step]:
+        decoder = self.model.decoder()
+        pending = self.prompt_ids + self.generated_ids
+        if self.generated_ids and self.generated_ids[-1] in self.model.eos_token_ids:
+            # A snapshot taken right on the end-of-sequence step: only the flush is left.
+            yield from self._finish(FINISH_EOS, self.generated_ids[:-1])
+            return
+        while True:
+            if len(self.generated_ids) >= self.max_output_tokens:
+                yield from self._finish(FINISH_LENGTH, self.generated_ids)
+                return
+            if self._should_stop():
+                self.finish_reason = FINISH_CANCELLED
+                return
+            token = self.sampler.sample(decoder.feed(pending))
+            self.generated_ids.append(token)
+            if token in self.model.eos_token_ids:
+                yield Step(token, "")
+                yield from self._finish(FINISH_EOS, self.generated_ids[:-1])
+                return
+            text = self._release(self._stop_filter.push(self._detokenizer.step(self.generated_ids)))
+            if self._stop_filter.stopped:
+                # Set before the step: a snapshot taken after it must not resume past the stop.
+                self.finish_reason = FINISH_STOP
+                yield Step(token, text)
+                return
+            yield Step(token, text)
+            pending = [token]
+
+    def _finish(self, reason: str, text_ids: Sequence[int]) -> Iterator[Step]:
+        text = self._flush(text_ids)
+        if text:
+            yield Step(None, text)
+        self.finish_reason = FINISH_STOP if self._stop_filter.stopped else reason
