@@ -34,7 +34,7 @@ from tasks_app.selectors import task_output_text, task_run_request, task_snapsho
 from tasks_app.states import TaskStatus
 from tasks_app.wire import usage_object
 from workers.backends.base import FINISH_CANCELLED, FINISH_LENGTH, Generation, LoadedModel, SamplingParams
-from workers.backends.errors import GenerationError, ModelLoadError, PromptRejected
+from workers.backends.errors import ModelLoadError, PromptRejected, RuntimeFailure
 from workers.cancel_watcher import cancel_watcher
 from workers.model_cache import model_cache
 from workers.run_metrics import RunMetrics
@@ -61,7 +61,7 @@ def runtime_problem(exc: BaseException) -> dict[str, Any]:
         return ModelLoadFailed(str(exc)).to_problem()
     if isinstance(exc, PromptRejected):
         return InvalidRequest(str(exc)).to_problem()
-    if isinstance(exc, GenerationError):
+    if isinstance(exc, RuntimeFailure):  # GenerationError, and any the runtime adds later
         return BackendError(str(exc)).to_problem()
     if isinstance(exc, LmspError):
         return exc.to_problem()

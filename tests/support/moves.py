@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from tasks_app import lifecycle
-from tasks_app.exceptions import ServerRestarted
+from tasks_app.exceptions import ServerRestarted, TransitionNotAllowed
 from tasks_app.lifecycle import TransitionResult
 from tasks_app.models import Task
 from tasks_app.states import TaskStatus
@@ -50,7 +50,7 @@ def move(
     to = TaskStatus(to)
     name = _cancel_verb(task_id, sources) if to == S.CANCELLED else VERB_FOR.get(to)
     if name is None:
-        raise lifecycle.TransitionNotAllowed(f"no verb moves a task to {to}")
+        raise TransitionNotAllowed(f"no verb moves a task to {to}")
     lifecycle.MOVES[name].narrowed(sources)
     worker = kwargs.pop("worker", WORKER)
     if name == "task_claim":
