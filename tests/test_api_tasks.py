@@ -5,13 +5,16 @@ from __future__ import annotations
 import json
 
 import pytest
+from django.db import transaction
 from rest_framework.views import APIView
 
 from tasks_app import lifecycle
 from tasks_app.api.views import TaskCollectionView
 from tasks_app.exceptions import BackendError
 from tasks_app.ids import is_prefixed_ulid
-from tasks_app.models import Task, TaskEvent
+from tasks_app.models import Client, Task, TaskEvent
+from tasks_app.services.responses import response_start
+from tasks_app.services.tasks import task_create
 from tasks_app.states import RestartPolicy, TaskStatus
 from tests.support import moves
 from tests.support.db import count_rows
@@ -108,6 +111,19 @@ def test_task_is_committed_before_the_202_is_written(api, monkeypatch):
     monkeypatch.setattr(APIView, "finalize_response", finalize)
     assert api.create_task().status_code == 202
     assert seen == [1, 1]
+
+
+def test_accepting_inside_another_transaction_is_refused_before_anything_is_written(api):
+    """The promise "durable when it returns" cannot be broken by a caller's open transaction."""
+    client = Client.objects.get(name="alice")
+    request = {"model": "demo", "input": "x"}
+    with pytest.raises(RuntimeError, match="durable"), transaction.atomic():
+        task_create(
+            client=client, request=request, on_restart=RestartPolicy.FAIL, idempotency_key=None, request_hash=None
+        )
+    with pytest.raises(RuntimeError, match="durable"), transaction.atomic():
+        response_start(client=client, request=request, idempotency_key=None, request_hash=None)
+    assert not Task.objects.exists()
 
 
 def test_get_task(api):
