@@ -22,7 +22,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from scratch import REPO, django_in_scratch
+from scratch import REPO, demo_model_register, django_in_scratch
 
 PACKAGES = ("tasks_app", "workers", "lmsp_project", "fixture_models")
 
@@ -62,19 +62,10 @@ def main() -> None:
     from django.db import connection
     from django.test import Client as HttpClient
 
-    try:
-        from fixture_models.demo import build_demo_model
-    except ImportError:  # before the fixture builders had their own home
-        from workers.demo_model import build_demo_model  # type: ignore[no-redef]
-    try:
-        from tasks_app.services.model_scan import model_scan
-    except ImportError:
-        from tasks_app.services.models import model_scan  # type: ignore[no-redef]
     from tasks_app.services.clients import client_create
     from workers.execution import task_execute
 
-    build_demo_model(scratch / "models" / "demo", size="demo")
-    model_scan(models_dir=scratch / "models")
+    demo_model_register(scratch)
     _, token = client_create(name="bench", scopes="responses,read")
     http = HttpClient(HTTP_AUTHORIZATION=f"Bearer {token}")
     body = {

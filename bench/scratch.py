@@ -38,3 +38,16 @@ def django_in_scratch(name: str, *, database_url: str | None = None, env: dict[s
 
     call_command("migrate", verbosity=0)
     return scratch
+
+
+def demo_model_register(scratch: Path) -> None:
+    """Build the demo model under ``scratch/models`` and register it (on this commit's layout or an older one)."""
+    try:
+        from fixture_models.demo import build_demo_model
+        from tasks_app.services.model_scan import model_scan
+    except ImportError:  # before issue 13 gave the builders and the scan their own names
+        from tasks_app.services.models import model_scan  # type: ignore[no-redef]
+        from workers.demo_model import build_demo_model  # type: ignore[no-redef]
+
+    build_demo_model(scratch / "models" / "demo", size="demo")
+    model_scan(models_dir=scratch / "models")

@@ -19,7 +19,7 @@ import argparse
 import time
 from typing import Any
 
-from scratch import django_in_scratch
+from scratch import demo_model_register, django_in_scratch
 
 
 def main() -> None:
@@ -30,15 +30,12 @@ def main() -> None:
     scratch = django_in_scratch("snapshot")
     from django.db import connection
 
-    from fixture_models.demo import build_demo_model
     from tasks_app import lifecycle
     from tasks_app.models import Task
     from tasks_app.services.clients import client_create
-    from tasks_app.services.model_scan import model_scan
     from workers.execution import task_execute
 
-    build_demo_model(scratch / "models" / "demo", size="demo")
-    model_scan(models_dir=scratch / "models")
+    demo_model_register(scratch)
     client, _ = client_create(name="bench", scopes="responses,read")
 
     counts = {"statements": 0, "bytes": 0}

@@ -124,6 +124,8 @@ class _Write:
 
     move: Move
     task: Mapping[str, Any] = field(default_factory=dict)
+    # Task columns that take the commit's own time (one clock reading with ``updated_at``).
+    stamped: tuple[str, ...] = ()
     # None: the response row is neither read nor written (unless an event shows it).
     response: Mapping[str, Any] | None = None
     events: Sequence[Event] = ()
@@ -173,7 +175,7 @@ def _apply(task_id: str, write: _Write) -> TransitionResult:
 
 
 def _compare_and_set(task_id: str, write: _Write, now: datetime) -> bool:
-    columns: dict[str, Any] = {"updated_at": now, **write.task}
+    columns: dict[str, Any] = {"updated_at": now, **dict.fromkeys(write.stamped, now), **write.task}
     if write.event_count:
         columns["last_sequence"] = F("last_sequence") + write.event_count
     if write.move.to is not None:
@@ -284,14 +286,17 @@ def task_insert(
 # A worker's verbs: claim or adopt, start, progress, heartbeat, end
 # --------------------------------------------------------------------------- #
 
+# Every commit a worker makes is also its heartbeat.
+_BEAT = ("heartbeat_at",)
+
 
 def task_claim(*, task_id: str, worker: str) -> TransitionResult:
     """``queued -> loading`` for ``worker``: of several deliveries of one task, one wins.
 
     Counts the attempt and starts the output count over.
     """
-    columns = {"worker": worker, "heartbeat_at": timezone.now(), "attempts": F("attempts") + 1, "output_tokens": 0}
-    return _apply(task_id, _Write(MOVES["task_claim"], task=columns))
+    columns = {"worker": worker, "attempts": F("attempts") + 1, "output_tokens": 0}
+    return _apply(task_id, _Write(MOVES["task_claim"], task=columns, stamped=_BEAT))
 
 
 def task_adopt(*, task_id: str, worker: str) -> TransitionResult:
@@ -301,8 +306,8 @@ def task_adopt(*, task_id: str, worker: str) -> TransitionResult:
     A compare-and-set on an empty ``worker``: of several workers handed the
     same task, one wins. The attempt is counted like a claim's.
     """
-    columns = {"worker": worker, "heartbeat_at": timezone.now(), "attempts": F("attempts") + 1}
-    return _apply(task_id, _Write(MOVES["task_adopt"], task=columns, holder=""))
+    columns = {"worker": worker, "attempts": F("attempts") + 1}
+    return _apply(task_id, _Write(MOVES["task_adopt"], task=columns, stamped=_BEAT, holder=""))
 
 
 def task_start(
@@ -314,7 +319,7 @@ def task_start(
     """
     write = _Write(
         MOVES["task_start"],
-        task={"heartbeat_at": timezone.now()},
+        stamped=_BEAT,
         events=[events.output_item_added(item_id), events.content_part_added(item_id)],
         opening=events.in_progress,
         snapshot=snapshot,
@@ -339,7 +344,8 @@ def task_progress(
     """
     write = _Write(
         MOVES["task_progress"],
-        task={"heartbeat_at": timezone.now(), "output_tokens": output_tokens},
+        task={"output_tokens": output_tokens},
+        stamped=_BEAT,
         events=[events.output_text_delta(item_id, text) for text in deltas],
         snapshot=snapshot,
         holder=worker,
@@ -349,7 +355,7 @@ def task_progress(
 
 def task_heartbeat(*, task_id: str, worker: str) -> TransitionResult:
     """``worker`` still holds the task (while loading, or in a long prefill without batches)."""
-    return _apply(task_id, _Write(MOVES["task_heartbeat"], task={"heartbeat_at": timezone.now()}, holder=worker))
+    return _apply(task_id, _Write(MOVES["task_heartbeat"], stamped=_BEAT, holder=worker))
 
 
 def task_succeed(
@@ -378,7 +384,8 @@ def task_succeed(
     }
     write = _Write(
         MOVES["task_succeed"],
-        task={"heartbeat_at": timezone.now(), "output_tokens": output_tokens},
+        task={"output_tokens": output_tokens},
+        stamped=_BEAT,
         response=response,
         events=[
             *(events.output_text_delta(item_id, delta) for delta in deltas),
@@ -442,7 +449,7 @@ def task_request_cancel(*, task_id: str, sources: Iterable[TaskStatus] | None = 
 
     Stamps ``cancel_requested_at``, from which the worker measures its cancel latency.
     """
-    write = _Write(MOVES["task_request_cancel"].narrowed(sources), task={"cancel_requested_at": timezone.now()})
+    write = _Write(MOVES["task_request_cancel"].narrowed(sources), stamped=("cancel_requested_at",))
     return _apply(task_id, write)
 
 

@@ -81,9 +81,6 @@ CANCEL_UNDER_WAY: frozenset[TaskStatus] = frozenset({S.CANCELLING, S.CANCELLED})
 MAY_HAVE_OUTPUT: frozenset[TaskStatus] = frozenset({S.RUNNING, S.CANCELLING})
 """An attempt found here may have shown text: a task that ends from here keeps what its deltas hold."""
 
-SUCCESS_RESPONSE: frozenset[ResponseStatus] = frozenset({ResponseStatus.COMPLETED, ResponseStatus.INCOMPLETE})
-"""The response statuses of a succeeded task."""
-
 # The response status each task status implies, where it implies one
 # (``succeeded`` implies one of SUCCESS_RESPONSE; ``loading`` and
 # ``cancelling`` leave the response as it was).
@@ -119,10 +116,6 @@ TRANSITIONS: Mapping[TaskStatus, frozenset[TaskStatus]] = {
 def sources_for(to: TaskStatus) -> frozenset[TaskStatus]:
     """Every status from which chapter 7.2 allows a move to ``to``."""
     return frozenset(src for src, targets in TRANSITIONS.items() if to in targets)
-
-
-def is_allowed(source: TaskStatus, to: TaskStatus) -> bool:
-    return TaskStatus(to) in TRANSITIONS[TaskStatus(source)]
 
 
 # --------------------------------------------------------------------------- #
