@@ -13,11 +13,44 @@ consumes, removed at the end).
 from __future__ import annotations
 
 import argparse
-import os
 import time
 from typing import Any
 
 from scratch import django_in_scratch
+
+
+def clone(task_id: str, copies: int, chunk: int = 2000) -> None:
+    """Copy a task with its response, events and snapshots ``copies`` times, in bulk."""
+    from django.db import transaction
+
+    from tasks_app.ids import new_response_id, new_task_id
+    from tasks_app.models import Response, Task, TaskEvent, TaskSnapshot
+
+    task = Task.objects.get(pk=task_id)
+    response = Response.objects.get(pk=task.response_id)
+    events = list(TaskEvent.objects.filter(task_id=task_id))
+    snapshots = list(TaskSnapshot.objects.filter(task_id=task_id))
+    done = 0
+    while done < copies:
+        n = min(chunk, copies - done)
+        responses, tasks, rows, snaps = [], [], [], []
+        for _ in range(n):
+            response.pk, task.pk = new_response_id(), new_task_id()
+            task.response_id = response.pk
+            responses.append(Response(**{f.attname: getattr(response, f.attname) for f in Response._meta.fields}))
+            tasks.append(Task(**{f.attname: getattr(task, f.attname) for f in Task._meta.fields}))
+            for event in events:
+                fields = {f.attname: getattr(event, f.attname) for f in TaskEvent._meta.fields if f.attname != "id"}
+                rows.append(TaskEvent(**{**fields, "task_id": task.pk}))
+            for snap in snapshots:
+                fields = {f.attname: getattr(snap, f.attname) for f in TaskSnapshot._meta.fields if f.attname != "id"}
+                snaps.append(TaskSnapshot(**{**fields, "task_id": task.pk}))
+        with transaction.atomic():
+            Response.objects.bulk_create(responses)
+            Task.objects.bulk_create(tasks)
+            TaskEvent.objects.bulk_create(rows, batch_size=1000)
+            TaskSnapshot.objects.bulk_create(snaps, batch_size=1000)
+        done += n
 
 
 def main() -> None:
@@ -34,7 +67,6 @@ def main() -> None:
     from tasks_app import lifecycle
     from tasks_app.exceptions import ServerRestarted
     from tasks_app.models import Task
-    from tasks_app.notify import redis_client
     from tasks_app.services.clients import client_create
     from tasks_app.services.recovery import LiveWorkers, leftover_tasks_recover
     from tasks_app.states import RestartPolicy
@@ -42,13 +74,18 @@ def main() -> None:
     client, _ = client_create(name="bench", scopes="responses,read")
     policies = list(RestartPolicy)
     started = time.perf_counter()
+    # One task of each kind made by the lifecycle itself, then cloned row for
+    # row (response, task, events, snapshots) in bulk: a large table fills in
+    # seconds, and every clone is exactly what the verbs write.
+    templates = []
     with transaction.atomic():
-        for _ in range(args.finished):
+        task = lifecycle.task_insert(client=client, request={"model": "demo", "input": "x"}, model="demo")
+        lifecycle.task_fail(task_id=task.id, error=ServerRestarted("old").to_problem())
+        finished_template = task.id
+        for n in range(9):
             task = lifecycle.task_insert(client=client, request={"model": "demo", "input": "x"}, model="demo")
-            lifecycle.task_fail(task_id=task.id, error=ServerRestarted("old").to_problem())
-        for n in range(args.leftover):
-            task = lifecycle.task_insert(client=client, request={"model": "demo", "input": "x"}, model="demo")
-            Task.objects.filter(pk=task.id).update(on_restart=policies[(n // 3) % 3])
+            Task.objects.filter(pk=task.id).update(on_restart=policies[n // 3])
+            templates.append(task.id)
             if n % 3 == 0:
                 continue  # queued
             lifecycle.task_claim(task_id=task.id, worker="gone@host/1")
@@ -59,6 +96,10 @@ def main() -> None:
                     item_id=f"msg_{n}",
                     snapshot={"token_ids": [], "state": {"item_id": f"msg_{n}", "backend": {}}},
                 )
+    clone(finished_template, args.finished)
+    for n, template in enumerate(templates):
+        clone(template, args.leftover // len(templates) + (n < args.leftover % len(templates)))
+    Task.objects.filter(pk__in=[finished_template, *templates]).update(status="succeeded")
     print(
         f"filled {args.finished} finished and {args.leftover} leftover tasks in {time.perf_counter() - started:.1f} s"
     )
@@ -85,8 +126,6 @@ def main() -> None:
     started = time.perf_counter()
     again = leftover_tasks_recover(live=nobody)
     print(f"second run: {time.perf_counter() - started:.2f} s, moved {again.moved}")
-    for key in redis_client().scan_iter(match=f"{os.environ['LMSP_REDIS_PREFIX']}*", count=1000):
-        redis_client().delete(key)
 
 
 if __name__ == "__main__":

@@ -353,6 +353,10 @@ class Installation:
                 "LMSP_TASK_QUEUE": self.prefix,
                 "LMSP_DATA_DIR": str(self.tmp),
                 "PYTHONUNBUFFERED": "1",
+                # One token opens every stream of the bench: lift the per-client and per-process stream limits.
+                "LMSP_MAX_STREAMS_PER_CLIENT": "100000",
+                "LMSP_MAX_STREAMS_PER_PROCESS": "100000",
+                "LMSP_HTTP_MAX_CONNECTIONS": "100000",
             }
         )
         # A DJANGO_SETTINGS_MODULE of the caller's shell must not leak in.
@@ -362,6 +366,7 @@ class Installation:
         if args.batch_ms is not None:
             self.env["LMSP_DELTA_BATCH_MS"] = str(args.batch_ms)
         self.token = ""
+        self.model = "demo"
         self.web: subprocess.Popen[bytes] | None = None
         self.worker: subprocess.Popen[bytes] | None = None
         self.subscriber: subprocess.Popen[str] | None = None
@@ -383,7 +388,14 @@ class Installation:
     def prepare(self) -> None:
         log(f"temp dir {self.tmp}, redis prefix {self.prefix}, port {self.port}")
         self.manage("migrate", "-v0")
-        self.manage("lmsp_build_demo_model", "--if-missing")
+        # The benches need generations that run to max_output_tokens: the demo
+        # model that never ends by itself (older commits have only that one).
+        try:
+            self.manage("lmsp_build_demo_model", "--if-missing", "--endless")
+            self.model = "demo:endless"
+        except RuntimeError:
+            self.manage("lmsp_build_demo_model", "--if-missing")
+            self.model = "demo"
         self.token = self.manage("lmsp_client", "create", "bench", "--scopes", "responses,read").strip()
 
     def _spawn(self, argv: list[str], log_name: str) -> subprocess.Popen[bytes]:
@@ -503,7 +515,7 @@ class Installation:
     def create_task(self, max_output_tokens: int, seed: int = 1) -> str:
         body = {
             "type": "response",
-            "input": {"model": "demo", "input": "Hello", "max_output_tokens": max_output_tokens, "seed": seed},
+            "input": {"model": self.model, "input": "Hello", "max_output_tokens": max_output_tokens, "seed": seed},
         }
         request = urllib.request.Request(
             f"{self.base_url}/lmsp/v1/tasks",

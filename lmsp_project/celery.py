@@ -21,7 +21,8 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "lmsp_project.settings")
 
 app = Celery("lmsp_project")
 app.config_from_object("django.conf:settings", namespace="CELERY")
-app.conf.imports = ("workers.tasks",)
+# workers.shutdown: one line per task a stop interrupts, instead of tracebacks.
+app.conf.imports = ("workers.tasks", "workers.shutdown")
 
 
 @app.on_after_finalize.connect

@@ -13,6 +13,9 @@ from pathlib import Path
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
+from lmsp_project import edge_config
+from lmsp_project.secret_key import secret_key_load_or_create
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 
@@ -40,15 +43,31 @@ def _env_path(name: str, default: Path) -> Path:
 
 
 DEBUG = _env_bool("LMSP_DEBUG", False)
+
+# --- Edge security (docs/security.md) -----------------------------------------
+# Signs admin sessions and stream tokens. Unset, a random key is made on the
+# first start and kept in LMSP_DATA_DIR/secret-key (mode 0600), which every
+# process on that data directory reads; hosts that share no data directory
+# set the same LMSP_SECRET_KEY on each.
 SECRET_KEY = os.environ.get("LMSP_SECRET_KEY") or os.environ.get("DJANGO_SECRET_KEY")
 if not SECRET_KEY:
     if not DEBUG and os.environ.get("LMSP_REQUIRE_SECRET_KEY"):
         raise ImproperlyConfigured("LMSP_SECRET_KEY must be set")
-    # A local single-user service still needs a stable key for admin sessions;
-    # deployments set LMSP_SECRET_KEY (docker-compose does).
-    SECRET_KEY = "lmsp-insecure-local-key-set-LMSP_SECRET_KEY-in-production"
-
-ALLOWED_HOSTS = [h.strip() for h in os.environ.get("LMSP_ALLOWED_HOSTS", "*").split(",") if h.strip()]
+    SECRET_KEY = secret_key_load_or_create(_env_path("LMSP_DATA_DIR", BASE_DIR / "data"))
+# Host headers answered (any other: 400 invalid_request). Default: the
+# address the server is bound to (LMSP_HOST) and the loopback names.
+LMSP_HOST = os.environ.get("LMSP_HOST", "127.0.0.1")
+ALLOWED_HOSTS = edge_config.env_list("LMSP_ALLOWED_HOSTS") or edge_config.allowed_hosts_default(LMSP_HOST)
+# Proxies (addresses or CIDRs) whose X-Forwarded-For is believed: a request
+# from one is counted against the right-most hop none of them added. None
+# by default: the peer's address is the client's.
+LMSP_TRUSTED_PROXIES = edge_config.env_networks("LMSP_TRUSTED_PROXIES")
+# Wrong codes tried while a pairing code is pending (each counts against
+# every pending code) before that code locks for good.
+LMSP_PAIRING_MAX_FAILURES = max(_env_int("LMSP_PAIRING_MAX_FAILURES", 5), 1)
+# Browser origins allowed to read the event streams with a stream token
+# (CORS, read-only GET .../events only); none by default.
+LMSP_CORS_ORIGINS = edge_config.env_origins("LMSP_CORS_ORIGINS")
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -65,8 +84,16 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
-    # First, so oversized bodies are refused before anything reads them.
+    # One access line per request, whatever answers it (tasks_app/access_log.py).
+    "tasks_app.access_log.AccessLogMiddleware",
+    # A foreign Host header is a 400 problem before anything reads the host.
+    "tasks_app.hosts.AllowedHostMiddleware",
+    # Next, so oversized bodies are refused before anything reads them.
     "tasks_app.middleware.RequestSizeLimitMiddleware",
+    # A lock wait that ran out (a frozen writer) is a 503 problem, not a 500.
+    "tasks_app.middleware.DatabaseBusyMiddleware",
+    # Cross-origin reads of the event streams (LMSP_CORS_ORIGINS), preflights answered here.
+    "tasks_app.cors.StreamCorsMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -101,16 +128,36 @@ ASGI_APPLICATION = "lmsp_project.asgi.application"
 DATA_DIR = _env_path("LMSP_DATA_DIR", BASE_DIR / "data")
 DEFAULT_SQLITE_PATH = DATA_DIR / "lmsp.sqlite3"
 DATABASE_URL = os.environ.get("DATABASE_URL") or f"sqlite:///{DEFAULT_SQLITE_PATH}"
-SQLITE_BUSY_TIMEOUT_SECONDS = _env_int("LMSP_SQLITE_BUSY_TIMEOUT_SECONDS", 30)
-# NORMAL (WAL): a commit survives a crash of any process, the last ones may
-# roll back on a power loss; FULL also survives that, at about 3x the cost
-# per commit (docs/scaling.md).
-SQLITE_SYNCHRONOUS = os.environ.get("LMSP_SQLITE_SYNCHRONOUS", "NORMAL").strip().upper()
+# The longest any connection waits for a lock (SQLite's write lock, a
+# PostgreSQL row lock) before its statement fails and writes nothing: a
+# request then answers 503 with Retry-After, a worker retries its commit.
+# A process frozen inside a transaction holds its lock until it thaws or
+# dies; nobody waits on it longer than this (tasks_app/db_locks.py).
+# LMSP_SQLITE_BUSY_TIMEOUT_SECONDS is the older name, still read.
+LMSP_DB_LOCK_TIMEOUT_SECONDS = float(
+    os.environ.get("LMSP_DB_LOCK_TIMEOUT_SECONDS") or os.environ.get("LMSP_SQLITE_BUSY_TIMEOUT_SECONDS") or "5"
+)
+SQLITE_BUSY_TIMEOUT_SECONDS = LMSP_DB_LOCK_TIMEOUT_SECONDS
+# Maintenance (reaper, startup recovery, retention cleanup) waits this long
+# for a lock, then leaves the rest for its next round.
+LMSP_MAINTENANCE_LOCK_TIMEOUT_SECONDS = float(os.environ.get("LMSP_MAINTENANCE_LOCK_TIMEOUT_SECONDS") or "1")
+# Retry-After of a 503 service_unavailable (the lock was not granted in time).
+LMSP_DB_BUSY_RETRY_AFTER_SECONDS = _env_int("LMSP_DB_BUSY_RETRY_AFTER_SECONDS", 2)
+# FULL (the default): a commit is on disk before it returns, so a task whose
+# 202 was sent, and every event a client saw, survive a power loss or an OS
+# crash. NORMAL (WAL) survives the crash of any process but may roll back the
+# last commits on a power loss: an accepted task can vanish, a seen event be
+# renumbered with other text. Opt in only where losing that is acceptable
+# (docs/scaling.md has the cost of each).
+SQLITE_SYNCHRONOUS = os.environ.get("LMSP_SQLITE_SYNCHRONOUS", "FULL").strip().upper()
 if SQLITE_SYNCHRONOUS not in {"NORMAL", "FULL"}:
     raise ImproperlyConfigured(f"LMSP_SQLITE_SYNCHRONOUS must be NORMAL or FULL, got {SQLITE_SYNCHRONOUS!r}")
 
 _db = dj_database_url.parse(DATABASE_URL, conn_max_age=_env_int("LMSP_DB_CONN_MAX_AGE", 60))
 if _db["ENGINE"] == "django.db.backends.sqlite3":
+    # Django's backend, with a process's writers queued on a lock instead of
+    # SQLite's sleeping busy handler (tasks_app/db/sqlite3/base.py).
+    _db["ENGINE"] = "tasks_app.db.sqlite3"
     sqlite_path = Path(_db["NAME"])
     if str(sqlite_path) != ":memory:":
         sqlite_path.parent.mkdir(parents=True, exist_ok=True)
@@ -123,7 +170,7 @@ if _db["ENGINE"] == "django.db.backends.sqlite3":
         "init_command": (
             "PRAGMA journal_mode=WAL;"
             f"PRAGMA synchronous={SQLITE_SYNCHRONOUS};"
-            f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_SECONDS * 1000};"
+            f"PRAGMA busy_timeout={int(SQLITE_BUSY_TIMEOUT_SECONDS * 1000)};"
         ),
     }
     # Tests need a real file (other processes open it), never ":memory:".
@@ -132,6 +179,8 @@ if _db["ENGINE"] == "django.db.backends.sqlite3":
     _db["CONN_HEALTH_CHECKS"] = False
 else:
     _db["CONN_HEALTH_CHECKS"] = True
+    # Row locks are waited on for a bounded time as well (tasks_app/db_locks.py).
+    _db.setdefault("OPTIONS", {})["options"] = f"-c lock_timeout={int(LMSP_DB_LOCK_TIMEOUT_SECONDS * 1000)}"
 DATABASES = {"default": _db}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
@@ -239,6 +288,10 @@ LMSP_MAX_ATTEMPTS = _env_int("LMSP_MAX_ATTEMPTS", 3)
 # lmsp_recover asks the live workers of this installation which tasks they
 # run, and waits this long for their replies.
 LMSP_RECOVER_INSPECT_SECONDS = float(os.environ.get("LMSP_RECOVER_INSPECT_SECONDS", "1.0"))
+# Recovery sends the tasks it runs again (oldest first) for at most this
+# long, so a large backlog does not hold up the start; the sweeper sends the
+# rest (about 2,000 a second; each is already durable and queued).
+LMSP_RECOVER_DISPATCH_SECONDS = float(os.environ.get("LMSP_RECOVER_DISPATCH_SECONDS", "2.0"))
 # Models kept loaded per worker process (least recently used goes first).
 LMSP_WORKER_MAX_MODELS = _env_int("LMSP_WORKER_MAX_MODELS", 2)
 # ONNX Runtime intra-op threads per worker process (0: ONNX Runtime's default,
@@ -253,6 +306,9 @@ LMSP_PREFILL_CHUNK = _env_int("LMSP_PREFILL_CHUNK", 512)
 # known to be in the broker, this often, once they are this old.
 LMSP_SWEEP_INTERVAL_SECONDS = _env_int("LMSP_SWEEP_INTERVAL_SECONDS", 10)
 LMSP_SWEEP_GRACE_SECONDS = _env_int("LMSP_SWEEP_GRACE_SECONDS", 5)
+# One sweep sends for at most this long (a backlog left by a large recovery
+# drains over a few rounds), so the maintenance node's other jobs still run.
+LMSP_SWEEP_BUDGET_SECONDS = float(os.environ.get("LMSP_SWEEP_BUDGET_SECONDS", "4.0"))
 # How long a dispatch marker vouches for a message in the broker; after that
 # a still-queued task is dispatched again (a duplicate is dropped by the claim).
 LMSP_DISPATCH_MARKER_TTL_SECONDS = _env_int("LMSP_DISPATCH_MARKER_TTL_SECONDS", 3600)
@@ -271,6 +327,35 @@ LMSP_STREAM_FEED_WINDOW = _env_int("LMSP_STREAM_FEED_WINDOW", 2048)
 LMSP_STREAM_DB_THREADS = _env_int("LMSP_STREAM_DB_THREADS", 4)
 # Lifetime of a browser's read-only stream token (?token=).
 LMSP_STREAM_TOKEN_SECONDS = _env_int("LMSP_STREAM_TOKEN_SECONDS", 300)
+
+# --- Web serving (lmsp_project/asgi.py, docs/http.md) -------------------------
+# Threads of a web process that run the sync views (REST, admin, docs) through
+# Django's WSGI handler, each keeping its own database connection (on
+# PostgreSQL: up to this many connections per web process, plus the streams').
+# 0: every request through Django's ASGI handler, a new connection per request.
+LMSP_WEB_THREADS = _env_int("LMSP_WEB_THREADS", 8)
+
+# --- Limits of the HTTP server and of open event streams (docs/http.md) ------
+# Open event streams per client (its bearer token and its stream tokens
+# together; a staff session counts on its own) and per web process; one more
+# is refused with 429 too_many_streams and Retry-After. Counted in each web
+# process. An open stream costs a connection and ~40 KB: 500 is ~20 MB and
+# half of LMSP_HTTP_MAX_CONNECTIONS, so streams never crowd out the API.
+LMSP_MAX_STREAMS_PER_CLIENT = _env_int("LMSP_MAX_STREAMS_PER_CLIENT", 32)
+LMSP_MAX_STREAMS_PER_PROCESS = _env_int("LMSP_MAX_STREAMS_PER_PROCESS", 500)
+LMSP_STREAM_LIMIT_RETRY_AFTER_SECONDS = _env_int("LMSP_STREAM_LIMIT_RETRY_AFTER_SECONDS", 5)
+# Read by the HTTP protocol of uvicorn (lmsp_project.http_server): a request
+# head (request line and headers) longer than this is answered 431; a head
+# not complete this long after the connection opened (or after its first
+# byte, on a kept-alive connection), or a body not complete this long after
+# its head, closes the connection; an idle kept-alive connection is closed
+# after LMSP_HTTP_KEEPALIVE_SECONDS; a connection beyond
+# LMSP_HTTP_MAX_CONNECTIONS gets 503 at once. Responses (streams) are never timed.
+LMSP_HTTP_MAX_HEADER_BYTES = _env_int("LMSP_HTTP_MAX_HEADER_BYTES", 64 * 1024)
+LMSP_HTTP_HEAD_TIMEOUT_SECONDS = float(os.environ.get("LMSP_HTTP_HEAD_TIMEOUT_SECONDS") or "10")
+LMSP_HTTP_BODY_TIMEOUT_SECONDS = float(os.environ.get("LMSP_HTTP_BODY_TIMEOUT_SECONDS") or "30")
+LMSP_HTTP_KEEPALIVE_SECONDS = float(os.environ.get("LMSP_HTTP_KEEPALIVE_SECONDS") or "5")
+LMSP_HTTP_MAX_CONNECTIONS = _env_int("LMSP_HTTP_MAX_CONNECTIONS", 1000)
 
 # --- Metrics (GET /metrics, Prometheus text format) ------------------------
 # Not behind bearer auth; with this set, only loopback clients get them.
@@ -311,11 +396,25 @@ CELERY_BEAT_SCHEDULE_FILENAME = str(DATA_DIR / "celerybeat-schedule")
 # Django's own body limit (admin forms); the API limit is enforced above.
 DATA_UPLOAD_MAX_MEMORY_SIZE = LMSP_MAX_REQUEST_BYTES
 
+# --- Logging -----------------------------------------------------------------
+# One line per request on lmsp.access (tasks_app/access_log.py; uvicorn's own
+# access log is off), so django.request's warning per 4xx would say it twice:
+# it keeps its errors (5xx, with their tracebacks). Celery's routine lines
+# about the maintenance jobs (sent, received, succeeded, three per round) show
+# only at LMSP_LOG_LEVEL=DEBUG; the jobs log themselves when they did
+# something (workers/log_filters.py).
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "filters": {"quiet_maintenance": {"()": "workers.log_filters.MaintenanceChatterFilter"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": os.environ.get("LMSP_LOG_LEVEL", "INFO")},
-    "loggers": {"django.db.backends": {"level": "INFO"}},
+    "loggers": {
+        "django.db.backends": {"level": "INFO"},
+        "django.request": {"level": "ERROR"},
+        "celery.beat": {"filters": ["quiet_maintenance"]},
+        "celery.worker.strategy": {"filters": ["quiet_maintenance"]},
+        "celery.app.trace": {"filters": ["quiet_maintenance"]},
+    },
 }

@@ -1,9 +1,13 @@
 from django.contrib import admin
 from django.urls import include, path
 
+from tasks_app.api.landing import landing_view
 from tasks_app.api.metrics_view import metrics_view
 
 urlpatterns = [
+    # The address the quick start prints, and the bare host: links for a newcomer (no schema entry).
+    path("", landing_view, name="landing"),
+    path("lmsp/v1", landing_view, name="api-landing"),
     path("lmsp/v1/", include("tasks_app.api.urls")),
     path("admin/", admin.site.urls),
     path("metrics", metrics_view, name="metrics"),

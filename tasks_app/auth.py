@@ -91,12 +91,15 @@ def stream_reader_authenticate(request: HttpRequest) -> StreamReader:
     """
     if request.META.get("HTTP_AUTHORIZATION"):
         client, _ = BearerTokenAuthentication().authenticate(request)
+        # As DRF does for its views: the access log names the client.
+        request.user = client
         if not client.has_scope("read"):
             raise InsufficientScope("This endpoint needs the scope read")
         return StreamReader(client=client)
     token = request.GET.get("token")
     if token is not None:
         grant = stream_token_verify(token=token)
+        request.user = grant.client
         return StreamReader(client=grant.client, only_task_id=grant.task_id)
     user = get_user(request)
     if user.is_active and user.is_staff:

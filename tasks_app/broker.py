@@ -57,6 +57,17 @@ def dispatch_marker_set(*, task_id: str) -> None:
         logger.warning("could not mark task %s as dispatched: %s", task_id, exc)
 
 
+def dispatch_markers_set(*, task_ids: Sequence[str]) -> None:
+    """Messages for these tasks are on the queue: their markers in one round trip."""
+    pipe = redis_client().pipeline(transaction=False)
+    for task_id in task_ids:
+        pipe.set(_marker(task_id), "1", ex=settings.LMSP_DISPATCH_MARKER_TTL_SECONDS)
+    try:
+        pipe.execute()
+    except redis.RedisError as exc:
+        logger.warning("could not mark %d task(s) as dispatched: %s", len(task_ids), exc)
+
+
 def dispatch_marker_clear(*, task_id: str) -> None:
     """A worker took the message: from now on the task's status says what happens."""
     try:

@@ -14,7 +14,7 @@ import asyncio
 import logging
 import weakref
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 
 from django.conf import settings
@@ -200,7 +200,7 @@ def feeds() -> Feeds:
     return found
 
 
-async def follow(task_id: str, after: int, *, preamble: bytes = b"") -> AsyncIterator[bytes]:
+async def follow(task_id: str, after: int, *, preamble: bytes = b"") -> AsyncGenerator[bytes, None]:
     """The SSE body: every event after ``after``, live, until the terminal event.
 
     Ends early, without an error frame, if the log has a gap (events were

@@ -160,10 +160,40 @@ class QueueFull(LmspError):
     status, code, title = 429, "queue_full", "Queue full"
 
 
+class TooManyStreams(LmspError):
+    """Raised when the client, or the web process, already holds as many open event streams as allowed."""
+
+    status, code, title = 429, "too_many_streams", "Too many streams"
+
+
+class RequestHeaderTooLarge(LmspError):
+    """Raised when a request's head (request line and headers) is longer than the HTTP server accepts."""
+
+    status, code, title = 431, "request_header_too_large", "Request header fields too large"
+
+
+class TooManyConnections(LmspError):
+    """Raised when the web process already has as many connections open as allowed; retry after ``Retry-After``."""
+
+    status, code, title = 503, "service_unavailable", "Service unavailable"
+
+
 class RateLimited(LmspError):
     """Raised when a client calls a throttled endpoint too often."""
 
     status, code, title = 429, "rate_limited", "Too many requests"
+
+
+class RateLimitUnavailable(LmspError):
+    """Raised when a rate-limited request cannot be counted (Redis unreachable), so it is refused, not let through."""
+
+    status, code, title = 503, "service_unavailable", "Service unavailable"
+
+
+class DatabaseBusy(LmspError):
+    """Raised when a lock (SQLite's write lock, a PostgreSQL row lock) was not granted in time; nothing was written."""
+
+    status, code, title = 503, "service_unavailable", "Service unavailable"
 
 
 class InternalError(LmspError):

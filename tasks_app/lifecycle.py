@@ -6,7 +6,7 @@ columns and builds its own events (``tasks_app.events``). All of them run
 through one private compare-and-set, :func:`_apply`:
 
 1. ``UPDATE tasks SET status=..., last_sequence=last_sequence+n, ... WHERE
-   id=... AND status IN (sources) [AND worker=holder] [AND heartbeat_at=seen]``;
+   id=... AND status IN (sources) [AND worker=holder]``;
    the row count says who won, so two writers racing (a cancel and a
    completion, a recovery and a worker) can never both win;
 2. the row read back (inside the transaction the row is ours: PostgreSQL's
@@ -17,29 +17,35 @@ through one private compare-and-set, :func:`_apply`:
    starts over), and a wake-up published after the commit
    (``tasks_app.notify``).
 
-Callers learn the outcome from ``TransitionResult.won``; nothing outside this
-module writes a task's status, sequence numbers or events
-(``tests/test_architecture.py`` checks).
+Recovery (chapter 11.3) moves a page of tasks in one transaction,
+:func:`tasks_recover`: the same compare-and-set, checked for every task
+under its lock, with the same events, snapshots and wake-ups.
+
+Callers learn the outcome from ``TransitionResult.won`` (``RecoveryBatch``);
+nothing outside this module writes a task's status, sequence numbers or
+events (``tests/test_architecture.py`` checks).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from tasks_app import events, states
+from tasks_app import events, faults, states
+from tasks_app.db_locks import busy_as_unavailable, write_clock
 from tasks_app.events import Event
 from tasks_app.exceptions import TaskNotFound, TransitionNotAllowed
 from tasks_app.ids import new_response_id, new_task_id
 from tasks_app.models import Client, Response, Task, TaskEvent, TaskSnapshot, TaskType
-from tasks_app.notify import task_changed_on_commit
-from tasks_app.selectors import task_output_text
+from tasks_app.notify import task_changed_on_commit, tasks_changed_on_commit
+from tasks_app.selectors import task_outputs_text
 from tasks_app.states import ResponseStatus, RestartPolicy, TaskStatus
 from tasks_app.wire import message_item
 
@@ -73,7 +79,7 @@ class Move:
         return Move(chosen, self.to)
 
 
-# The verbs of chapter 7.2 (recovery's moves, chapter 11.3, are task_recover's).
+# The verbs of chapter 7.2 (recovery's moves, chapter 11.3, are tasks_recover's).
 MOVES: Mapping[str, Move] = {
     "task_claim": Move(frozenset({S.QUEUED}), S.LOADING),
     "task_adopt": Move(states.ORPHANABLE),
@@ -97,13 +103,8 @@ def _check_moves(moves: Mapping[str, Move]) -> None:
 
 
 _check_moves(MOVES)
-
-
-class _Unset:
-    """The type of ``_UNSET``: the reaper's heartbeat check was not asked for (None is a value)."""
-
-
-_UNSET = _Unset()
+# For the fault points of tests (tasks_app.faults): the verb a move belongs to.
+_VERB_OF: Mapping[Move, str] = {move: name for name, move in MOVES.items()}
 
 
 @dataclass(frozen=True)
@@ -136,8 +137,6 @@ class _Write:
     drop_snapshots: bool = False
     # Fencing: a worker that lost its task (and may still be generating) can no longer write to it.
     holder: str | None = None
-    # The reaper moves a task only if no heartbeat arrived since it looked.
-    heartbeat_seen: datetime | _Unset | None = _UNSET
 
     @property
     def event_count(self) -> int:
@@ -150,9 +149,14 @@ class _Write:
 
 
 def _apply(task_id: str, write: _Write) -> TransitionResult:
-    now = timezone.now()
-    with transaction.atomic(savepoint=False):
+    # A lock wait that runs out (a frozen writer holds it) is DatabaseBusy: nothing was written.
+    with busy_as_unavailable(), transaction.atomic(savepoint=False):
+        # Read once the lock is ours (SQLite's BEGIN IMMEDIATE waited for it
+        # above), so a commit that waited long still stamps a fresh heartbeat.
+        now = timezone.now()
         won = _compare_and_set(task_id, write, now)
+        if faults.ARMED and won:
+            faults.freeze_point(_VERB_OF.get(write.move, ""))
         try:
             task = Task.objects.get(pk=task_id)
         except Task.DoesNotExist:
@@ -175,7 +179,7 @@ def _apply(task_id: str, write: _Write) -> TransitionResult:
 
 
 def _compare_and_set(task_id: str, write: _Write, now: datetime) -> bool:
-    columns: dict[str, Any] = {"updated_at": now, **dict.fromkeys(write.stamped, now), **write.task}
+    columns: dict[str, Any] = {"updated_at": now, **dict.fromkeys(write.stamped, write_clock(now)), **write.task}
     if write.event_count:
         columns["last_sequence"] = F("last_sequence") + write.event_count
     if write.move.to is not None:
@@ -183,9 +187,6 @@ def _compare_and_set(task_id: str, write: _Write, now: datetime) -> bool:
     rows = Task.objects.filter(pk=task_id, status__in=write.move.sources)
     if write.holder is not None:
         rows = rows.filter(worker=write.holder)
-    if not isinstance(write.heartbeat_seen, _Unset):
-        seen = write.heartbeat_seen
-        rows = rows.filter(heartbeat_at=seen) if seen else rows.filter(heartbeat_at__isnull=True)
     return rows.update(**columns) == 1
 
 
@@ -204,16 +205,7 @@ def _response_update(task: Task, write: _Write, now: datetime) -> Response:
 
 def _events_insert(task: Task, specs: Sequence[Event], now: datetime) -> list[TaskEvent]:
     first = task.last_sequence - len(specs) + 1
-    rows = [
-        TaskEvent(
-            task_id=task.id,
-            sequence_number=first + offset,
-            type=event.type,
-            payload=events.encode(event.type, first + offset, event.fields),
-            created_at=now,
-        )
-        for offset, event in enumerate(specs)
-    ]
+    rows = [_event_row(task.id, first + offset, event, now) for offset, event in enumerate(specs)]
     if rows:
         TaskEvent.objects.bulk_create(rows)
     return rows
@@ -458,77 +450,183 @@ def task_request_cancel(*, task_id: str, sources: Iterable[TaskStatus] | None = 
 # --------------------------------------------------------------------------- #
 
 
-def task_recover(
-    *,
-    task_id: str,
-    found: TaskStatus,
-    to: TaskStatus,
-    worker: str,
-    heartbeat_at: datetime | None,
-    error: Mapping[str, Any] | None = None,
-) -> TransitionResult:
-    """Apply one recovery move to a task that no live worker holds.
+@dataclass(frozen=True)
+class RecoveryMove:
+    """One task for :func:`tasks_recover`: the state its caller saw, and where chapter 11.3 sends it."""
 
-    A compare-and-set on the status, worker and heartbeat the caller saw: if
-    the task moved on, or its worker wrote a heartbeat since (it is alive),
-    nothing is written and ``won`` is False. ``failed`` writes
-    ``response.failed``, ``cancelled`` writes ``response.cancelled``; both
-    keep in the response the text the event log already showed. Back to
-    ``queued`` writes no event (the rerun's ``response.in_progress`` opens
-    the new attempt) and forgets the snapshot; staying ``running`` only lets
-    go of the worker, so another can adopt the task and resume it. The
-    caller dispatches the task again where it is to run again.
+    task_id: str
+    found: TaskStatus
+    to: TaskStatus
+    worker: str
+    heartbeat_at: datetime | None
+    error: Mapping[str, Any] | None = None
+
+    def check(self) -> None:
+        if not states.recovery_allows(self.found, self.to):
+            raise TransitionNotAllowed(f"recovery does not move a task from {self.found} to {self.to}")
+        if self.to == S.FAILED and not self.error:
+            raise TransitionNotAllowed("a move to failed needs an error")
+
+
+@dataclass(frozen=True)
+class RecoveryBatch:
+    """What :func:`tasks_recover` did with each task it was given."""
+
+    won: tuple[str, ...] = ()
+    """Moved (or, queued and left queued, still queued)."""
+    lost: tuple[str, ...] = ()
+    """Moved on meanwhile, or its worker wrote a heartbeat since it was read: untouched."""
+    busy: tuple[str, ...] = ()
+    """Locked by a writer (PostgreSQL: skipped, not waited on): untouched, for the next round."""
+
+
+def tasks_recover(*, moves: Sequence[RecoveryMove]) -> RecoveryBatch:
+    """Apply recovery moves to tasks that no live worker holds, all in one transaction.
+
+    Each move is a compare-and-set on the status, worker and heartbeat its
+    caller saw: under the write lock (SQLite) or the rows' locks (PostgreSQL,
+    ``FOR UPDATE SKIP LOCKED``, so a row a frozen writer holds is skipped,
+    not waited on) each task is checked, and only those that still match
+    move. ``failed`` writes ``response.failed``, ``cancelled`` writes
+    ``response.cancelled``; both keep in the response the text the event log
+    already showed. Back to ``queued`` writes no event (the rerun's
+    ``response.in_progress`` opens the new attempt) and forgets the snapshot;
+    staying ``running`` only lets go of the worker, so another can adopt the
+    task and resume it. A crash before the commit leaves every task as it
+    was; after it, each moved with its event. The caller dispatches the
+    tasks that run again.
     """
-    found, to = TaskStatus(found), TaskStatus(to)
-    if not states.recovery_allows(found, to):
-        raise TransitionNotAllowed(f"recovery does not move a task from {found} to {to}")
-    if found == S.QUEUED and to == S.QUEUED:
-        # Nothing to write: the task waits as it did; the caller re-sends it.
-        task = Task.objects.get(pk=task_id)
-        return TransitionResult(won=task.status == S.QUEUED, task=task)
-    # Checked against chapter 11.3 above; chapter 7.2 has none of these moves.
-    move = Move(frozenset({found}), None if to == found else to)
-    write = _RECOVERY_WRITES[to](task_id, found, error)
-    return _apply(task_id, _Write(move, holder=worker, heartbeat_seen=heartbeat_at, **write))
+    for move in moves:
+        move.check()
+    if not moves:
+        return RecoveryBatch()
+    with busy_as_unavailable(), transaction.atomic(savepoint=False):
+        now = timezone.now()
+        rows = _recovery_rows_lock([move.task_id for move in moves])
+        won, lost, busy = _recovery_sort(moves, rows)
+        writing = [move for move in won if not (move.found == S.QUEUED and move.to == S.QUEUED)]
+        changes = _recovery_tasks_update(writing, rows, now)
+        _recovery_finish(writing, rows, now)
+        if faults.ARMED:
+            faults.freeze_point("tasks_recover")
+        tasks_changed_on_commit(changes)
+    return RecoveryBatch(
+        won=tuple(m.task_id for m in won), lost=tuple(m.task_id for m in lost), busy=tuple(m.task_id for m in busy)
+    )
 
 
-def _recover_to_failed(task_id: str, found: TaskStatus, error: Mapping[str, Any] | None) -> dict[str, Any]:
-    if not error:
-        raise TransitionNotAllowed("a move to failed needs an error")
-    return {
-        "task": {"error": dict(error)},
-        "response": {"error": dict(error), **_committed_output(task_id, found)},
-        "closing": events.finished,
-    }
+_RECOVERY_FIELDS = ("id", "status", "worker", "heartbeat_at", "last_sequence", "response_id")
 
 
-def _recover_to_cancelled(task_id: str, found: TaskStatus, error: Mapping[str, Any] | None) -> dict[str, Any]:
-    return {"response": _committed_output(task_id, found), "closing": events.finished}
+def _recovery_rows_lock(task_ids: list[str]) -> dict[str, dict[str, Any]]:
+    rows = Task.objects.filter(pk__in=task_ids)
+    if connection.vendor != "sqlite":
+        # SQLite's write lock, taken at BEGIN, already covers every row.
+        rows = rows.select_for_update(skip_locked=True)
+    return {row[0]: dict(zip(_RECOVERY_FIELDS, row, strict=True)) for row in rows.values_list(*_RECOVERY_FIELDS)}
 
 
-def _recover_to_queued(task_id: str, found: TaskStatus, error: Mapping[str, Any] | None) -> dict[str, Any]:
-    return {
-        "task": {"worker": "", "heartbeat_at": None, "output_tokens": 0},
-        "response": {"output": [], "usage": None},
-        "drop_snapshots": True,
-    }
+def _recovery_sort(
+    moves: Sequence[RecoveryMove], rows: Mapping[str, Mapping[str, Any]]
+) -> tuple[list[RecoveryMove], list[RecoveryMove], list[RecoveryMove]]:
+    won: list[RecoveryMove] = []
+    lost: list[RecoveryMove] = []
+    busy: list[RecoveryMove] = []
+    for move in moves:
+        row = rows.get(move.task_id)
+        if row is None:
+            # PostgreSQL skipped it because a writer holds it (or it is gone; the next round tells).
+            (busy if connection.vendor != "sqlite" else lost).append(move)
+        elif (row["status"], row["worker"], row["heartbeat_at"]) == (move.found, move.worker, move.heartbeat_at):
+            won.append(move)
+        else:
+            lost.append(move)
+    return won, lost, busy
 
 
-def _recover_to_orphan(task_id: str, found: TaskStatus, error: Mapping[str, Any] | None) -> dict[str, Any]:
-    return {"task": {"worker": "", "heartbeat_at": None}}
-
-
-_RECOVERY_WRITES: Mapping[TaskStatus, Callable[[str, TaskStatus, Mapping[str, Any] | None], dict[str, Any]]] = {
-    S.FAILED: _recover_to_failed,
-    S.CANCELLED: _recover_to_cancelled,
-    S.QUEUED: _recover_to_queued,
-    S.RUNNING: _recover_to_orphan,
+# What each target writes on the task row; ``error`` is added per task for ``failed``.
+_RECOVERY_TASK_COLUMNS: Mapping[TaskStatus, Mapping[str, Any]] = {
+    S.FAILED: {},
+    S.CANCELLED: {},
+    S.QUEUED: {"worker": "", "heartbeat_at": None, "output_tokens": 0},
+    S.RUNNING: {"worker": "", "heartbeat_at": None},
 }
 
 
-def _committed_output(task_id: str, found: TaskStatus) -> dict[str, Any]:
-    """The output of the current attempt as far as its deltas were committed (a task that was generating)."""
-    if found not in states.MAY_HAVE_OUTPUT:
-        return {}
-    item_id, text = task_output_text(task_id=task_id)
-    return {"output": Partial(item_id, text).output() if item_id else []}
+def _recovery_tasks_update(
+    moves: Sequence[RecoveryMove], rows: Mapping[str, Mapping[str, Any]], now: datetime
+) -> list[tuple[str, str, int]]:
+    """One UPDATE per group of tasks that get the same columns (by id: their rows are ours now)."""
+    groups: dict[tuple[Any, ...], list[RecoveryMove]] = {}
+    for move in moves:
+        error_key = json.dumps(move.error, sort_keys=True) if move.error else ""
+        groups.setdefault((move.found, move.to, error_key), []).append(move)
+    changes = []
+    for (found, to, _), group in groups.items():
+        columns: dict[str, Any] = {"updated_at": now, **_RECOVERY_TASK_COLUMNS[to]}
+        grows = to in states.TERMINAL
+        if to != found:
+            columns["status"] = to
+        if grows:
+            columns["last_sequence"] = F("last_sequence") + 1
+        if group[0].error:
+            columns["error"] = dict(group[0].error)
+        ids = [move.task_id for move in group]
+        if Task.objects.filter(pk__in=ids, status=found).update(**columns) != len(ids):
+            # The rows were checked under their lock a moment ago; a mismatch undoes the whole page.
+            raise TransitionNotAllowed(f"recovery lost rows it held while moving {found} -> {to}")
+        changes += [(task_id, str(to), rows[task_id]["last_sequence"] + grows) for task_id in ids]
+    return changes
+
+
+def _recovery_finish(moves: Sequence[RecoveryMove], rows: Mapping[str, Mapping[str, Any]], now: datetime) -> None:
+    """The responses' new state, the terminal events, and the snapshots the moved tasks no longer need."""
+    ending = [move for move in moves if move.to in states.TERMINAL]
+    rerun = [rows[move.task_id]["response_id"] for move in moves if move.to == S.QUEUED]
+    if rerun:
+        Response.objects.filter(pk__in=rerun).update(
+            status=ResponseStatus.QUEUED, output=[], usage=None, updated_at=now
+        )
+    if ending:
+        _recovery_end(ending, rows, now)
+    forget = [move.task_id for move in moves if move.to != S.RUNNING]
+    if forget:
+        # A finished task is never resumed; a rerun starts from nothing.
+        TaskSnapshot.objects.filter(task_id__in=forget).delete()
+
+
+def _recovery_end(moves: Sequence[RecoveryMove], rows: Mapping[str, Mapping[str, Any]], now: datetime) -> None:
+    responses = Response.objects.in_bulk([rows[move.task_id]["response_id"] for move in moves])
+    outputs = task_outputs_text(task_ids=[move.task_id for move in moves if move.found in states.MAY_HAVE_OUTPUT])
+    # Responses that get the same columns share one UPDATE (most have no output; a CASE per row costs more).
+    groups: dict[str, tuple[dict[str, Any], list[str]]] = {}
+    ended = []
+    for move in moves:
+        response = responses[rows[move.task_id]["response_id"]]
+        columns: dict[str, Any] = {"status": states.RESPONSE_STATUS[move.to], "updated_at": now}
+        if move.error:
+            columns["error"] = dict(move.error)
+        if move.found in states.MAY_HAVE_OUTPUT:
+            item_id, text = outputs.get(move.task_id, (None, ""))
+            columns["output"] = Partial(item_id, text).output() if item_id else []
+        for name, value in columns.items():
+            setattr(response, name, value)
+        group_key = json.dumps(columns, sort_keys=True, default=str)
+        groups.setdefault(group_key, (columns, []))[1].append(response.pk)
+        ended.append(response)
+    for columns, ids in groups.values():
+        Response.objects.filter(pk__in=ids).update(**columns)
+    TaskEvent.objects.bulk_create(
+        _event_row(move.task_id, rows[move.task_id]["last_sequence"] + 1, events.finished(response), now)
+        for move, response in zip(moves, ended, strict=True)
+    )
+
+
+def _event_row(task_id: str, sequence: int, event: Event, now: datetime) -> TaskEvent:
+    return TaskEvent(
+        task_id=task_id,
+        sequence_number=sequence,
+        type=event.type,
+        payload=events.encode(event.type, sequence, event.fields),
+        created_at=now,
+    )

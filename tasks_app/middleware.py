@@ -1,49 +1,28 @@
-"""Refuses oversized request bodies before any view reads them."""
+"""Refuses oversized request bodies before any view reads them; a lock wait that ran out is a 503."""
 
 from __future__ import annotations
 
 import io
-from collections.abc import Callable
-from typing import Any
 
-from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse
 
 from tasks_app.api.problems import problem_json_response
+from tasks_app.db_locks import busy_error, is_lock_timeout
 from tasks_app.exceptions import InvalidRequest, PayloadTooLarge
+from tasks_app.middleware_base import SyncAndAsyncMiddleware
 
 
-class RequestSizeLimitMiddleware:
+class RequestSizeLimitMiddleware(SyncAndAsyncMiddleware):
     """413 for bodies over ``LMSP_MAX_REQUEST_BYTES``, declared or chunked.
 
     A chunked body has no Content-Length, and DRF would read it as empty; it
     is read here (at most limit + 1 bytes) and handed on with its length.
-    Async-capable, so that under ASGI the async views (event streams) are not
-    pushed through a thread by a sync-only middleware.
+    ASGI spools the whole body before the view runs, so that read never
+    blocks the event loop on the network.
     """
 
-    sync_capable = True
-    async_capable = True
-
-    def __init__(self, get_response: Callable[[HttpRequest], Any]) -> None:
-        self.get_response = get_response
-        self.is_async = iscoroutinefunction(get_response)
-        if self.is_async:
-            markcoroutinefunction(self)
-
-    def __call__(self, request: HttpRequest) -> Any:
-        refused = self._refuse(request)
-        if self.is_async:
-            return self._acall(request, refused)
-        return refused if refused is not None else self.get_response(request)
-
-    async def _acall(self, request: HttpRequest, refused: HttpResponse | None) -> HttpResponse:
-        # ASGI spools the whole body before the view runs, so the read in
-        # ``_refuse`` never blocks the loop on the network.
-        return refused if refused is not None else await self.get_response(request)
-
-    def _refuse(self, request: HttpRequest) -> HttpResponse | None:
+    def before(self, request: HttpRequest) -> HttpResponse | None:
         limit = settings.LMSP_MAX_REQUEST_BYTES
         raw = request.META.get("CONTENT_LENGTH") or ""
         if raw:
@@ -60,4 +39,17 @@ class RequestSizeLimitMiddleware:
             request._stream = io.BytesIO(body)
             request._read_started = False
             request.META["CONTENT_LENGTH"] = str(len(body))
+        return None
+
+
+class DatabaseBusyMiddleware(SyncAndAsyncMiddleware):
+    """``503 service_unavailable`` with ``Retry-After`` when a view outside DRF (the admin) timed out on a lock.
+
+    DRF views get the same answer from the API's exception handler. The
+    failed statement's transaction wrote nothing, so the client may retry.
+    """
+
+    def process_exception(self, request: HttpRequest, exception: Exception) -> HttpResponse | None:
+        if is_lock_timeout(exception):
+            return problem_json_response(busy_error(exception), request)
         return None

@@ -82,6 +82,11 @@ class PairingCode(models.Model):
     expires_at = models.DateTimeField()
     used_at = models.DateTimeField(null=True, blank=True)
     client = models.ForeignKey(Client, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    # A wrong code does not name the code it missed, so each one counts
+    # against every pending code; a code that reached the limit is locked.
+    failed_attempts = models.PositiveIntegerField(
+        default=0, help_text="Wrong codes tried while this one was pending (it locks at LMSP_PAIRING_MAX_FAILURES)"
+    )
 
     class Meta:
         db_table = "pairing_codes"

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import logging
+from collections import Counter
+from collections.abc import Sequence
 from functools import partial
 from typing import Any
 
@@ -65,3 +67,14 @@ def task_changed_on_commit(task_id: str, status: str, last_sequence: int) -> Non
         # Only the one winning terminal move gets here (a worker, a cancel,
         # recovery or the reaper), so each task is counted once.
         transaction.on_commit(partial(task_finished_count, status=status))
+
+
+def tasks_changed_on_commit(changes: Sequence[tuple[str, str, int]]) -> None:
+    """:func:`task_changed_on_commit` for many ``(task id, status, last_sequence)``, in one message."""
+    if not changes:
+        return
+    message = {"changes": [list(change) for change in changes]}
+    transaction.on_commit(partial(publish, tasks_channel(), message))
+    finished = Counter(status for _, status, _ in changes if status in states.TERMINAL)
+    for status, count in finished.items():
+        transaction.on_commit(partial(task_finished_count, status=status, count=count))

@@ -181,14 +181,18 @@ class RateLimitedWarning:
 _finished_warning = RateLimitedWarning()
 
 
-def task_finished_count(*, status: str) -> None:
-    """Add one to the finished-task counter of ``status``; called after the terminal move commits.
+def task_finished_count(*, status: str, count: int = 1) -> None:
+    """Add ``count`` to the finished-task counter of ``status``; called after the terminal moves commit.
 
     A failure is logged (rate-limited) and dropped: the counter then misses
     that task, which Prometheus reads as a slightly lower rate, never as an error.
     """
     try:
-        metrics_redis().hincrby(finished_key(), status, 1)
+        pipe = metrics_redis().pipeline(transaction=False)
+        pipe.hincrby(finished_key(), status, count)
+        # Nothing of an installation lingers once it is gone (a test run, a renamed prefix).
+        pipe.expire(finished_key(), settings.LMSP_METRICS_WORKER_TTL_SECONDS)
+        pipe.execute()
     except (redis.RedisError, OSError) as exc:
         _finished_warning("could not count a finished task in Redis: %s", exc)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -210,20 +211,35 @@ def task_output_text(*, task_id: str) -> tuple[str | None, str]:
     The event log is what clients saw, so this is what a task that stops
     early keeps as its output, and what a resumed generation continues.
     """
-    opened = (
-        TaskEvent.objects.filter(task_id=task_id, type=EventType.OUTPUT_ITEM_ADDED)
-        .order_by("-sequence_number")
-        .values_list("sequence_number", "payload")
-        .first()
-    )
-    if opened is None:
-        return None, ""
-    sequence, payload = opened
+    item_id, text = task_outputs_text(task_ids=[task_id]).get(task_id, (None, ""))
+    return item_id, text
+
+
+def task_outputs_text(*, task_ids: Sequence[str]) -> dict[str, tuple[str, str]]:
+    """:func:`task_output_text` of many tasks in two queries: ``{task id: (item id, text)}``.
+
+    Tasks without an output item are left out.
+    """
+    if not task_ids:
+        return {}
+    opened: dict[str, tuple[int, str]] = {}
+    added = TaskEvent.objects.filter(task_id__in=task_ids, type=EventType.OUTPUT_ITEM_ADDED)
+    for task_id, sequence, payload in added.values_list("task_id", "sequence_number", "payload"):
+        if task_id not in opened or sequence > opened[task_id][0]:
+            opened[task_id] = (sequence, payload)
+    texts: dict[str, list[str]] = {task_id: [] for task_id in opened}
+    # The earliest opening bounds every task's deltas, so the index skips older attempts' text.
+    first = min(sequence for sequence, _ in opened.values())
     deltas = TaskEvent.objects.filter(
-        task_id=task_id, type=EventType.OUTPUT_TEXT_DELTA, sequence_number__gt=sequence
-    ).order_by("sequence_number")
-    text = events.delta_text(deltas.values_list("payload", flat=True).iterator())
-    return events.opened_item_id(payload), text
+        task_id__in=list(opened), type=EventType.OUTPUT_TEXT_DELTA, sequence_number__gt=first
+    ).order_by("task_id", "sequence_number")
+    for task_id, sequence, payload in deltas.values_list("task_id", "sequence_number", "payload").iterator():
+        if sequence > opened[task_id][0]:
+            texts[task_id].append(payload)
+    return {
+        task_id: (events.opened_item_id(payload), events.delta_text(texts[task_id]))
+        for task_id, (_, payload) in opened.items()
+    }
 
 
 # --------------------------------------------------------------------------- #

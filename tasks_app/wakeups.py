@@ -1,7 +1,8 @@
 """One Redis subscription per web process, fanned out to the streams and waits in it.
 
 Every winning lifecycle commit publishes ``{"task_id", "status",
-"last_sequence"}`` on ``<prefix>:tasks`` after it commits (``notify``). The hub
+"last_sequence"}`` (or, for many tasks at once, ``{"changes": [[task_id, status,
+last_sequence], ...]}``) on ``<prefix>:tasks`` after it commits (``notify``). The hub
 listens on one connection for the whole process and pokes what watches that
 task. A message carries no event: whoever is poked reads the database, so a
 message lost (Redis down, restarted, slow) costs latency and never an event.
@@ -97,12 +98,17 @@ class WakeHub:
     def _on_message(self, data: bytes | str) -> None:
         try:
             message = json.loads(data)
-            task_id = str(message["task_id"])
-            change = Change(status=str(message["status"]), last_sequence=int(message["last_sequence"]))
+            if "changes" in message:
+                # Many tasks in one message (a page of recovery): [[task_id, status, last_sequence], ...].
+                changes = [(str(t), Change(status=str(s), last_sequence=int(n))) for t, s, n in message["changes"]]
+            else:
+                change = Change(status=str(message["status"]), last_sequence=int(message["last_sequence"]))
+                changes = [(str(message["task_id"]), change)]
         except (ValueError, KeyError, TypeError):
             logger.warning("ignored a malformed wake-up: %r", data[:200])
             return
-        self._poke(task_id, change)
+        for task_id, change in changes:
+            self._poke(task_id, change)
 
     def _set_connected(self, connected: bool) -> None:
         if connected != self.connected:

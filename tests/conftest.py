@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
@@ -9,20 +10,28 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import redis
 
 from tasks_app.models import Client, ModelRecord
 from tasks_app.services.clients import client_create
 from tasks_app.services.model_scan import model_scan
 from tests.support.api import ApiClient
 from tests.support.db import database_url
-from tests.support.namespace import REDIS_PREFIX
+from tests.support.demo import ENDLESS_TAG
+from tests.support.namespace import (
+    IDLE_QUEUE,
+    NAMESPACE_ENV,
+    REDIS_PREFIX,
+    default_namespace_keys,
+    namespace_cleanup,
+)
 from tests.support.server import Server, uvicorn_process
 from tests.support.waiting import wait_until
-from tests.support.worker import RedisServer, WorkerProcess, celery_worker, private_redis
+from tests.support.worker import RedisServer, WorkerProcess, celery_worker, maintenance_queue, private_redis
 
-# Tasks created by tests without a worker go to a queue nobody consumes.
-IDLE_QUEUE = f"{REDIS_PREFIX}-idle"
 WORKER_QUEUE = f"{REDIS_PREFIX}-work"
+# What _redis_namespace found outside the run's namespace, for the end of the report.
+_NAMESPACE_WARNINGS: list[str] = []
 
 
 def pytest_report_header(config: pytest.Config) -> str:
@@ -34,19 +43,56 @@ def pytest_report_header(config: pytest.Config) -> str:
 
 @pytest.fixture(scope="session", autouse=True)
 def _redis_namespace() -> Iterator[None]:
+    """Everything of the run, in this process and in every child, under the run's prefix; removed at the end.
+
+    The settings were read before this runs, so the values derived from the
+    prefix are set here too. The environment is what a child process (a web
+    server, a worker, a script) inherits when a test gives it no namespace of
+    its own: without it, such a child used the default prefix and queue, and a
+    quick start on the same Redis later ran the tests' tasks.
+    """
     from django.conf import settings
 
-    from tasks_app.notify import redis_client
+    from lmsp_project.celery import app
 
+    saved_env = {name: os.environ.get(name) for name in NAMESPACE_ENV}
+    os.environ.update(NAMESPACE_ENV)
     settings.LMSP_REDIS_PREFIX = REDIS_PREFIX
     settings.LMSP_TASK_QUEUE = IDLE_QUEUE
-    yield
+    settings.LMSP_MAINTENANCE_QUEUE = maintenance_queue(IDLE_QUEUE)
+    app.conf.task_default_queue = IDLE_QUEUE
     try:
-        client = redis_client()
-        for key in client.scan_iter(match=f"*{REDIS_PREFIX}*", count=1000):
-            client.delete(key)
-    except Exception:  # cleanup of a scratch namespace; Redis may be gone
-        pass
+        before: list[str] | None = default_namespace_keys()
+    except redis.RedisError:  # no Redis: the tests that need one fail on their own
+        before = None
+    yield
+    for name, value in saved_env.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+    try:
+        left = namespace_cleanup()
+        written = [] if before is None else sorted(set(default_namespace_keys()) - set(before))
+    except redis.RedisError:  # cleanup of a scratch namespace; Redis may be gone
+        return
+    if left:
+        pytest.fail(f"Redis keys of the run written after its end (by a process still running?): {left[:20]}")
+    if written:
+        message = (
+            f"new Redis keys under the default prefix, by a process without LMSP_REDIS_PREFIX={REDIS_PREFIX} "
+            f"or by another installation on this Redis: {written[:20]}"
+        )
+        # Under CI nothing else uses the Redis; a developer's may serve a quick start meanwhile.
+        if os.environ.get("CI") == "true":
+            pytest.fail(message, pytrace=False)
+        _NAMESPACE_WARNINGS.append(message)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    for message in _NAMESPACE_WARNINGS:
+        terminalreporter.write_sep("=", "Redis namespace", yellow=True)
+        terminalreporter.write_line(f"WARNING: {message}", yellow=True)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -67,6 +113,16 @@ def demo_models_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("models")
     build_demo_model(root / "demo", size="demo")
     return root
+
+
+@pytest.fixture(scope="session")
+def endless_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The demo model without its EOS head (``demo:endless``): for tests that need long generations."""
+    from fixture_models.demo import build_demo_model
+
+    folder = tmp_path_factory.mktemp("endless") / ENDLESS_TAG
+    build_demo_model(folder, size="demo", endless=True)
+    return folder
 
 
 @pytest.fixture
@@ -117,10 +173,13 @@ def queue(transactional_db, settings, request: pytest.FixtureRequest) -> Iterato
 
 
 @pytest.fixture(scope="session")
-def worker_models_root(tmp_path_factory: pytest.TempPathFactory, demo_models_root: Path) -> Path:
-    """The worker's models folder: the demo model plus whatever a test adds."""
+def worker_models_root(
+    tmp_path_factory: pytest.TempPathFactory, demo_models_root: Path, endless_model_dir: Path
+) -> Path:
+    """The worker's models folder: ``demo``, ``demo:endless`` (as scripts/prepare builds them) and what a test adds."""
     root = tmp_path_factory.mktemp("worker-models")
     shutil.copytree(demo_models_root / "demo", root / "demo")
+    shutil.copytree(endless_model_dir, root / "demo" / ENDLESS_TAG)
     return root
 
 

@@ -25,6 +25,7 @@ from django.db import connections
 from tasks_app import selectors
 from tasks_app.models import Task, TaskEvent
 from tasks_app.states import TaskStatus
+from tests.support.demo import ENDLESS_MODEL
 from tests.support.tasks import create, wait_for_status
 from tests.support.waiting import wait_until
 
@@ -32,6 +33,9 @@ CHROMIUM = Path("/usr/bin/chromium")
 TEXT = "document.getElementById('lmsp-live-text').textContent"
 STATUS = "document.getElementById('lmsp-live-status').textContent"
 CURSOR_ABOVE = "n => parseInt(document.getElementById('lmsp-output').dataset.cursor, 10) > n"
+# A read-only field of the change form, as the server rendered it (never touched by the script).
+FIELD = "name => document.querySelector('.field-' + name + ' .readonly').textContent.trim()"
+FIELD_IS = "([name, value]) => document.querySelector('.field-' + name + ' .readonly')?.textContent.trim() === value"
 
 pytestmark = pytest.mark.slow
 
@@ -114,7 +118,7 @@ def login(tab, base: str, path: str) -> None:
 def test_an_operator_watches_a_running_task_grow_and_cancels_it(api, running_worker, web_server, page):
     assert_static_served(web_server.base)
     User.objects.create_superuser("operator", "ops@example.org", "an operator password")
-    task = create(api, "Tell me a very long story", max_output_tokens=8000, seed=11)
+    task = create(api, "Tell me a very long story", model=ENDLESS_MODEL, max_output_tokens=8000, seed=11)
     wait_for_status(api, task["id"], {"running"})
     detail = f"/admin/tasks_app/task/{task['id']}/change/"
 
@@ -138,9 +142,11 @@ def test_an_operator_watches_a_running_task_grow_and_cancels_it(api, running_wor
 
     page.click("#lmsp-cancel")
     page.wait_for_url(f"{web_server.base}{detail}")
-    # The reloaded page says cancelled at once, or cancelling until the
-    # worker's response.cancelled arrives on its stream.
-    page.wait_for_function(f"{STATUS} === 'cancelled'")
+    # The page after the cancel says cancelled at once, or cancelling until the
+    # worker's response.cancelled arrives on its stream; it then reloads
+    # itself, and its fields say cancelled too.
+    page.wait_for_function(FIELD_IS, arg=["status", "cancelled"])
+    assert page.evaluate(STATUS) == "cancelled"
 
     assert page.locator("#lmsp-cancel").is_hidden()
     stored = Task.objects.select_related("response").get(pk=task["id"])
@@ -148,6 +154,37 @@ def test_an_operator_watches_a_running_task_grow_and_cancels_it(api, running_wor
     assert stored.response.status == "cancelled"
     assert page.evaluate(TEXT) == selectors.response_output_text(response=stored.response)
     assert len(page.evaluate(TEXT)) > len(text)
+    assert page.problems == []
+
+
+def test_a_task_that_finishes_while_its_page_is_open_shows_it_in_every_field(api, running_worker, web_server, page):
+    """The live header follows the stream; at the terminal event the page
+    reloads once, so the fields below (status, tokens, worker, the newest
+    events) say what the header says, without the operator reloading."""
+    assert_static_served(web_server.base)
+    User.objects.create_superuser("operator", "ops@example.org", "an operator password")
+    task = create(api, "Tell me a story", model=ENDLESS_MODEL, max_output_tokens=4000, seed=7)
+    wait_for_status(api, task["id"], {"running"})
+    detail = f"/admin/tasks_app/task/{task['id']}/change/"
+    loads: list[str] = []
+    page.on("load", lambda: loads.append(page.url))
+
+    login(page, web_server.base, detail)
+    # Rendered while it ran, and following it: the fields say running.
+    watch_it_grow(page)
+    assert page.evaluate(FIELD, "status") == "running"
+    loaded = len(loads)
+
+    page.wait_for_function(FIELD_IS, arg=["status", "succeeded"])
+    stored = Task.objects.select_related("response").get(pk=task["id"])
+    assert stored.status == TaskStatus.SUCCEEDED
+    assert page.evaluate(STATUS) == "succeeded"
+    assert page.evaluate(FIELD, "output_tokens") == str(stored.output_tokens)
+    assert page.evaluate(FIELD, "last_sequence") == str(stored.last_sequence)
+    assert page.evaluate(TEXT) == selectors.response_output_text(response=stored.response)
+    # One reload, and the finished page follows no stream: no second one.
+    assert len(loads) == loaded + 1, loads
+    assert page.locator("#lmsp-live-note").count() == 0
     assert page.problems == []
 
 
@@ -168,7 +205,7 @@ def test_a_dropped_stream_resumes_after_the_last_event_shown(api, running_worker
     server continues after that event, and no delta is shown twice or lost."""
     assert_static_served(web_server.base)
     User.objects.create_superuser("operator", "ops@example.org", "an operator password")
-    task = create(api, "Tell me a very long story", max_output_tokens=8000, seed=5)
+    task = create(api, "Tell me a very long story", model=ENDLESS_MODEL, max_output_tokens=8000, seed=5)
     wait_for_status(api, task["id"], {"running"})
     cut = 30
     route_pattern = "**/lmsp/v1/tasks/*/events*"

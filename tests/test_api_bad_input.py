@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import itertools
 import json
+import urllib.error
+import urllib.request
+from urllib.parse import urlencode
 
 import pytest
 
@@ -75,6 +78,7 @@ def test_valid_minimal_request_is_accepted_and_written(api):
         {"metadata": {"k" * 64: "v" * 512}},
         {"temperature": 0, "top_p": 1, "seed": 0, "max_output_tokens": 1},
         {"temperature": 2.0, "top_p": 0.5, "seed": 2**64 - 1},
+        {"max_output_tokens": 5.0, "seed": 7.0},
         {"instructions": "Be brief.", "stream": True, "store": False},
         {"instructions": None, "temperature": None, "stop": None, "metadata": None},
     ],
@@ -388,6 +392,61 @@ def test_idempotency_key_of_255_printable_chars_is_fine(api):
     reply = post_task(api, request_with(), key="k" * 254 + "~")
     assert reply.status_code == 202, reply.content
     assert IdempotencyKey.objects.filter(key="k" * 254 + "~").count() == 1
+
+
+BAD_CURSORS = [
+    ({"Last-Event-ID": "soon"}, {}, "Last-Event-ID"),
+    ({"Last-Event-ID": "-1"}, {}, "Last-Event-ID"),
+    ({"Last-Event-ID": "2147483648"}, {"starting_after": "1"}, "Last-Event-ID"),
+    ({}, {"starting_after": "soon"}, "starting_after"),
+    ({}, {"starting_after": "1.5"}, "starting_after"),
+    ({}, {"starting_after": ""}, "starting_after"),
+    ({"Last-Event-ID": ""}, {"starting_after": "1"}, "Last-Event-ID"),
+    ({"Last-Event-ID": "1"}, {"starting_after": "2147483648"}, "starting_after"),
+]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["wait", "stream"])
+@pytest.mark.parametrize(("headers", "query", "field"), BAD_CURSORS, ids=[str(c) for c in BAD_CURSORS])
+def test_a_bad_resume_cursor_on_post_responses_is_refused_and_writes_nothing(
+    transactional_db, api, web_server, headers, query, field, stream
+):
+    """The cursor matters only to a streamed retry, but a malformed one is refused on every request
+    (schemathesis found a waiting one accepted). The live server answers; before the fix a waiting
+    request was accepted and waited for a worker this test does not run."""
+    before = counts()
+    url = f"{web_server.base}/lmsp/v1/responses?{urlencode(query)}"
+    body = json.dumps({"model": "demo", "input": "Hello", "stream": stream}).encode()
+    sent = {"Authorization": f"Bearer {api.token}", "Content-Type": "application/json", "Idempotency-Key": new_key()}
+    request = urllib.request.Request(url, data=body, headers={**sent, **headers}, method="POST")
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=10)
+    assert refused.value.code == 400
+    assert refused.value.headers["Content-Type"] == "application/problem+json"
+    problem = json.loads(refused.value.read())
+    assert problem["code"] == "invalid_request"
+    assert fields_of(problem) == {field}
+    assert counts() == before
+
+
+@pytest.mark.parametrize(("headers", "query", "field"), BAD_CURSORS, ids=[str(c) for c in BAD_CURSORS])
+def test_a_bad_resume_cursor_on_a_task_event_stream_is_refused(transactional_db, api, headers, query, field):
+    """An empty cursor, and one the header outranks, are refused too (schemathesis found both accepted).
+    The stream reads through its own connections, which see only committed rows."""
+    task_id = post_task(api, request_with()).json()["id"]
+    reply = api.get(f"{TASKS}/{task_id}/events", headers=headers, **query)
+    problem = assert_problem(reply, 400, "invalid_request")
+    assert fields_of(problem) == {field}
+
+
+@pytest.mark.parametrize(("headers", "query", "field"), BAD_CURSORS, ids=[str(c) for c in BAD_CURSORS])
+def test_a_bad_resume_cursor_on_reading_a_response_object_is_refused(api, headers, query, field):
+    """``GET /responses/{id}`` without ``stream=true`` ignores the cursor, but refuses a malformed one
+    as the stream does (schemathesis found ``starting_after=false`` accepted)."""
+    response_id = post_task(api, request_with()).json()["response_id"]
+    reply = api.get(f"/lmsp/v1/responses/{response_id}", headers=headers, **query)
+    problem = assert_problem(reply, 400, "invalid_request")
+    assert fields_of(problem) == {field}
 
 
 # --- model, size, media type --------------------------------------------------------------------------------

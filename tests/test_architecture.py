@@ -131,3 +131,24 @@ def test_groups_of_statuses_are_named_in_the_states_module():
 
 def _is_status(node: ast.expr) -> bool:
     return isinstance(node, ast.Name) and node.id in {"S", "TaskStatus"}
+
+
+def test_worker_code_opens_no_transaction_of_its_own():
+    """A worker's only transactions are the lifecycle's verbs, each a few statements long: none spans a
+    decode step, model I/O or a network call, so a frozen or slow worker never holds a lock while it
+    computes (the Redis wake-up is sent after the commit, ``transaction.on_commit``)."""
+    found = [
+        where(path, node)
+        for path, tree in sources()
+        if path.is_relative_to(REPO / "workers")
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute) and node.attr in {"atomic", "select_for_update", "set_autocommit"}
+    ]
+    assert found == []
+
+
+def test_the_lifecycle_reaches_redis_only_after_the_commit():
+    tree = ast.parse(LIFECYCLE.read_text())
+    imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) for alias in node.names}
+    assert {"redis_client", "publish", "broker"}.isdisjoint(imported)
+    assert {"task_changed_on_commit", "tasks_changed_on_commit"} <= imported

@@ -9,13 +9,13 @@ import threading
 from datetime import timedelta
 
 import pytest
-from django.core.cache import cache
 from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import connection
 from django.test import Client as HttpClient
 from django.utils import timezone
 
+from tasks_app.api.throttles import throttle_reset
 from tasks_app.models import Client, PairingCode, Task
 from tasks_app.services.clients import token_digest
 from tests.support.api import ApiClient
@@ -27,10 +27,10 @@ CODE_RE = re.compile(r"^[0-9A-HJKMNP-TV-Z]{4}-[0-9A-HJKMNP-TV-Z]{4}$")
 
 @pytest.fixture(autouse=True)
 def _no_pair_throttle_history():
-    """POST /pair is throttled per address; each test starts with a clean count."""
-    cache.clear()
+    """POST /pair is throttled per address, counted in Redis; each test starts with a clean count."""
+    throttle_reset(scope="pair")
     yield
-    cache.clear()
+    throttle_reset(scope="pair")
 
 
 def run(*args: str) -> tuple[str, str]:
@@ -319,7 +319,7 @@ def test_paired_admin_scope_is_carried_over(db):
 
 
 def test_pair_is_rate_limited(db):
-    from tasks_app.api.views import PairThrottle
+    from tasks_app.api.throttles import PairThrottle
 
     allowed, _ = PairThrottle().parse_rate(PairThrottle().get_rate())
     http = HttpClient()

@@ -158,7 +158,7 @@ def published(service: dict[str, Any]) -> set[tuple[str, str, str]]:
 
 @pytest.mark.parametrize(
     "profiles",
-    [(), ("gpu",), ("cpu",), ("postgres",), ("gpu", "postgres"), ("cpu", "postgres")],
+    [(), ("gpu",), ("gpu", "gpu1"), ("cpu",), ("postgres",), ("gpu", "postgres"), ("cpu", "postgres")],
     ids=lambda profiles: "+".join(profiles) or "default",
 )
 def test_every_variant_validates(compose, tmp_path, profiles):
@@ -184,13 +184,13 @@ def test_redis_keeps_its_queue_and_never_evicts(resolve):
     assert not read_only
     assert redis["healthcheck"]["test"]
     # Every app service reaches this Redis and waits until it answers.
-    for name, service in app_services(resolve("gpu", "cpu")).items():
+    for name, service in app_services(resolve("gpu", "gpu1", "cpu")).items():
         assert env_of(service)["REDIS_URL"] == "redis://redis:6379/0", name
         assert dependencies(service).get("redis") == "service_healthy", name
 
 
 def test_web_beat_and_workers_wait_for_init_to_complete(resolve):
-    services = app_services(resolve("gpu", "cpu"))
+    services = app_services(resolve("gpu", "gpu1", "cpu"))
     assert command_of(services["init"])[0] == "scripts/prepare"
     assert "init" not in dependencies(services["init"])
     assert (REPO / "scripts" / "prepare").stat().st_mode & 0o111
@@ -201,8 +201,18 @@ def test_web_beat_and_workers_wait_for_init_to_complete(resolve):
         assert dependencies(services[name])["init"] == "service_completed_successfully", name
 
 
-def test_one_worker_per_gpu(resolve):
+def test_the_gpu_profile_alone_runs_one_worker_on_gpu_0(resolve):
+    # A host with one GPU, the common case: `--profile gpu` asks for no second device.
     workers = celery_workers(resolve("gpu"))
+    assert sorted(workers) == ["worker-gpu0"]
+    (device,) = workers["worker-gpu0"]["deploy"]["resources"]["reservations"]["devices"]
+    assert [str(device_id) for device_id in device["device_ids"]] == ["0"]
+    # The second GPU's worker comes with its own profile, alone or beside the first.
+    assert sorted(celery_workers(resolve("gpu1"))) == ["worker-gpu1"]
+
+
+def test_one_worker_per_gpu(resolve):
+    workers = celery_workers(resolve("gpu", "gpu1"))
     assert len(workers) >= 2
     device_ids, node_names = [], []
     for name, service in workers.items():
@@ -240,7 +250,7 @@ def test_cpu_profile_runs_one_worker_without_a_gpu(resolve):
 
 
 def test_exactly_one_maintenance_node_on_the_prefixed_queue(resolve):
-    services = resolve("gpu", "cpu", LMSP_REDIS_PREFIX="site-a")
+    services = resolve("gpu", "gpu1", "cpu", LMSP_REDIS_PREFIX="site-a")
     beat_nodes = [name for name, service in services.items() if "--beat" in command_of(service)]
     assert beat_nodes == ["beat"]
     command = command_of(services["beat"])
@@ -251,7 +261,7 @@ def test_exactly_one_maintenance_node_on_the_prefixed_queue(resolve):
 
 
 def test_sqlite_file_is_on_one_volume_that_every_service_shares(resolve):
-    services = app_services(resolve("gpu", "cpu"))
+    services = app_services(resolve("gpu", "gpu1", "cpu"))
     sources = set()
     for name, service in services.items():
         assert env_of(service)["DATABASE_URL"] == SQLITE_URL, name
@@ -271,7 +281,7 @@ def test_sqlite_file_is_on_one_volume_that_every_service_shares(resolve):
 
 
 def test_postgres_variant_switches_every_service(resolve):
-    services = resolve("gpu", "cpu", "postgres", DATABASE_URL=POSTGRES_URL)
+    services = resolve("gpu", "gpu1", "cpu", "postgres", DATABASE_URL=POSTGRES_URL)
     assert "postgres" in services
     assert "/var/lib/postgresql/data" in mounts(services["postgres"])
     assert services["postgres"]["healthcheck"]["test"]

@@ -1,7 +1,8 @@
-"""Tests for fixture_models.demo: the tiny Qwen2-style ONNX model used in place of real weights."""
+"""Tests for fixture_models.demo: the tiny Qwen2-style ONNX model used in place of real weights, built and served."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
@@ -11,12 +12,17 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnxruntime as ort
+import openai
 import pytest
+from django.core.management import call_command
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from onnx import numpy_helper
 from tokenizers import Tokenizer
 
-from fixture_models.demo import DEMO_SIZES, SPECIAL_TOKENS, build_demo_model
+from fixture_models import demo
+from fixture_models.demo import DEMO_SIZES, EOS_HEAD_WEIGHT, SPECIAL_TOKENS, build_demo_model
+from tasks_app.models import ModelRecord
+from tests.support.tasks import create, wait_for_status
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 BUILD_SCRIPT = (
@@ -51,6 +57,13 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
+def endless_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("demo_endless")
+    build_demo_model(out, endless=True)
+    return out
+
+
+@pytest.fixture(scope="module")
 def config(model_dir: Path) -> dict:
     return json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
 
@@ -58,6 +71,11 @@ def config(model_dir: Path) -> dict:
 @pytest.fixture(scope="module")
 def session(model_dir: Path) -> ort.InferenceSession:
     return ort.InferenceSession(str(model_dir / "model.onnx"), providers=["CPUExecutionProvider"])
+
+
+@pytest.fixture(scope="module")
+def endless_session(endless_dir: Path) -> ort.InferenceSession:
+    return ort.InferenceSession(str(endless_dir / "model.onnx"), providers=["CPUExecutionProvider"])
 
 
 @pytest.fixture(scope="module")
@@ -150,6 +168,40 @@ def test_seed_changes_weights_only(tmp_path: Path, model_dir: Path) -> None:
     build_demo_model(tmp_path, seed=1)
     assert (tmp_path / "model.onnx_data").read_bytes() != (model_dir / "model.onnx_data").read_bytes()
     assert (tmp_path / "tokenizer.json").read_bytes() == (model_dir / "tokenizer.json").read_bytes()
+
+
+def test_the_endless_variant_has_the_same_weights_without_the_eos_head(model_dir: Path, endless_dir: Path) -> None:
+    assert {p.name for p in endless_dir.iterdir()} == EXPECTED_FILES
+    for name in sorted(EXPECTED_FILES - {"model.onnx", "model.onnx_data"}):
+        assert (endless_dir / name).read_bytes() == (model_dir / name).read_bytes(), name
+    ending = {t.name: numpy_helper.to_array(t) for t in onnx.load(str(model_dir / "model.onnx")).graph.initializer}
+    endless = {t.name: numpy_helper.to_array(t) for t in onnx.load(str(endless_dir / "model.onnx")).graph.initializer}
+    assert set(ending) - set(endless) == {EOS_HEAD_WEIGHT}
+    for name, array in endless.items():
+        np.testing.assert_array_equal(array, ending[name], err_msg=name)
+
+
+@pytest.mark.django_db
+def test_the_command_builds_both_variants_and_replaces_what_an_older_version_built(
+    tmp_path: Path, settings, model_dir: Path, endless_dir: Path
+) -> None:
+    settings.LMSP_MODELS_DIR = tmp_path
+    # What the builder wrote before the EOS head: the endless variant's bytes, under the name demo.
+    build_demo_model(tmp_path / "demo", endless=True)
+
+    def command(*args: str) -> str:
+        out = io.StringIO()
+        call_command("lmsp_build_demo_model", *args, stdout=out)
+        return out.getvalue()
+
+    assert "wrote 8 files" in command("--if-missing")
+    assert "already present" in command("--if-missing")
+    assert "registered demo:endless" in command("--endless", "--if-missing")
+    assert "already present" in command("--endless", "--if-missing")
+    for name in sorted(EXPECTED_FILES):
+        assert (tmp_path / "demo" / name).read_bytes() == (model_dir / name).read_bytes(), name
+        assert (tmp_path / "demo" / "endless" / name).read_bytes() == (endless_dir / name).read_bytes(), name
+    assert sorted(ModelRecord.objects.values_list("name", flat=True)) == ["demo", "demo:endless"]
 
 
 def test_unknown_size_raises(tmp_path: Path) -> None:
@@ -319,7 +371,21 @@ def reference_logits(model_dir: Path, config: dict, input_ids: np.ndarray) -> np
         h = h + (gate / (1 + np.exp(-gate)) * up) @ w[f"{p}.mlp.down_proj.weight"]
 
     h = rms_norm(h, w["model.norm.weight"])
-    return h @ w["lm_head.weight"] + w["lm_head.bias"]
+    logits = h @ w["lm_head.weight"] + w["lm_head.bias"]
+    if EOS_HEAD_WEIGHT in w:
+        logits[..., config["eos_token_id"]] = reference_eos_logit(logits, h, w[EOS_HEAD_WEIGHT], np.arange(seq))
+    return logits
+
+
+def reference_eos_logit(logits: np.ndarray, hidden: np.ndarray, direction: np.ndarray, positions: np.ndarray):
+    """The EOS head as fixture_models.demo describes it: the best logit, plus the mood, minus the handicap."""
+    mood = demo.EOS_MOOD_GAIN * np.clip(hidden @ direction[:, 0], -demo.EOS_MOOD_LIMIT, demo.EOS_MOOD_LIMIT)
+    start, end = demo.EOS_RAMP_START, demo.EOS_RAMP_END
+    shrink = (
+        (demo.EOS_HANDICAP_START - demo.EOS_HANDICAP_END) * np.clip(positions - start, 0, end - start) / (end - start)
+    )
+    handicap = np.where(positions < start, demo.EOS_OUT_OF_REACH, demo.EOS_HANDICAP_START - shrink)
+    return logits.max(-1) + mood - handicap
 
 
 def test_matches_numpy_reference(session: ort.InferenceSession, config: dict, model_dir: Path) -> None:
@@ -327,6 +393,22 @@ def test_matches_numpy_reference(session: ort.InferenceSession, config: dict, mo
     logits, _ = forward(session, config, ids)
     expected = reference_logits(model_dir, config, ids)
     np.testing.assert_allclose(logits, expected, rtol=1e-4, atol=1e-3)
+
+
+def test_the_eos_head_matches_the_reference_before_on_and_after_its_ramp(
+    session: ort.InferenceSession, config: dict, model_dir: Path
+) -> None:
+    length = demo.EOS_RAMP_END + 40
+    ids = random_prompt(config, length, seed=5)
+    logits, _ = forward(session, config, ids)
+    expected = reference_logits(model_dir, config, ids)
+    eos = config["eos_token_id"]
+    np.testing.assert_allclose(logits[..., eos], expected[..., eos], rtol=1e-4, atol=1e-3)
+    # Before the ramp EOS trails the best token by more than any temperature makes up for.
+    others = np.delete(logits[0], eos, axis=-1).max(-1)
+    reach = demo.EOS_OUT_OF_REACH - demo.EOS_MOOD_GAIN * demo.EOS_MOOD_LIMIT
+    assert (logits[0, : demo.EOS_RAMP_START, eos] <= others[: demo.EOS_RAMP_START] - reach + 1e-3).all()
+    assert (logits[0, demo.EOS_RAMP_START :, eos] > others[demo.EOS_RAMP_START :] - reach).all()
 
 
 def test_kv_cache_matches_full_forward(session: ort.InferenceSession, config: dict) -> None:
@@ -406,28 +488,48 @@ def test_far_positions_are_finite_and_relative(session: ort.InferenceSession, co
     assert np.isfinite(far).all() and np.isfinite(last).all()
 
     # RoPE only encodes relative offsets, so shifting every position by a
-    # constant changes the logits by float32 rounding of the angles only.
+    # constant changes the logits by float32 rounding of the angles only;
+    # the EOS logit alone depends on the position itself.
     near, _ = forward(session, config, ids)
-    np.testing.assert_allclose(far, near[:, 3:], rtol=1e-4, atol=0.01)
+    eos = config["eos_token_id"]
+    np.testing.assert_allclose(np.delete(far, eos, -1), np.delete(near[:, 3:], eos, -1), rtol=1e-4, atol=0.01)
 
 
-def test_greedy_generation_runs_long_without_eos(
-    session: ort.InferenceSession, config: dict, tokenizer: Tokenizer, model_dir: Path
-) -> None:
-    generation = json.loads((model_dir / "generation_config.json").read_text(encoding="utf-8"))
-    stop_ids = set(generation["eos_token_id"]) | {tokenizer.token_to_id(t) for t in SPECIAL_TOKENS}
-    prompt = tokenizer.encode("<|im_start|>user\nTell me a story.<|im_end|>\n<|im_start|>assistant\n").ids
-
+def greedy(session: ort.InferenceSession, config: dict, tokenizer: Tokenizer, text: str, limit: int) -> list[int]:
+    """Greedy decoding of a chat prompt until a special token or ``limit`` tokens; the special token is kept."""
+    special = {tokenizer.token_to_id(t) for t in SPECIAL_TOKENS}
+    prompt = tokenizer.encode(f"<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n").ids
     logits, past = forward(session, config, np.array([prompt]))
     generated: list[int] = []
-    for _ in range(300):
+    while len(generated) < limit and not special & set(generated[-1:]):
         token = int(np.argmax(logits[0, -1]))
         generated.append(token)
         logits, past = forward(session, config, np.array([[token]]), past=past)
+    return generated
 
-    assert not stop_ids & set(generated)
+
+def test_greedy_generation_of_the_endless_variant_runs_long_without_eos(
+    endless_session: ort.InferenceSession, config: dict, tokenizer: Tokenizer
+) -> None:
+    generated = greedy(endless_session, config, tokenizer, "Tell me a story.", 600)
+
+    assert len(generated) == 600
+    assert not {tokenizer.token_to_id(t) for t in SPECIAL_TOKENS} & set(generated)
     assert len(set(generated)) > 30, f"only {len(set(generated))} distinct tokens"
-    assert len(tokenizer.decode(generated)) > 300
+    assert len(tokenizer.decode(generated)) > 600
+
+
+def test_greedy_generation_ends_with_eos_after_tens_to_hundreds_of_tokens(
+    session: ort.InferenceSession, config: dict, tokenizer: Tokenizer
+) -> None:
+    lengths = []
+    for text in ["Tell me a story.", "Hello", "x", "What is 2+2?", "The river, the mountain, the city", "Hi 8"]:
+        generated = greedy(session, config, tokenizer, text, 1000)
+        assert generated[-1] == config["eos_token_id"], text
+        assert len(set(generated)) > 10, text
+        lengths.append(len(generated) - 1)
+    assert min(lengths) >= 10 and max(lengths) <= 600, lengths
+    assert max(lengths) - min(lengths) >= 50, lengths
 
 
 # --------------------------------------------------------------------------- #
@@ -493,3 +595,41 @@ def test_chat_template_renders_chatml(model_dir: Path, tokenizer: Tokenizer) -> 
     assert ids[0] == im_start
     assert ids.count(im_start) == 3 and ids.count(im_end) == 2
     assert tokenizer.decode(ids, skip_special_tokens=False) == rendered
+
+
+# --------------------------------------------------------------------------- #
+# Served: the real worker, over HTTP and the openai package
+# --------------------------------------------------------------------------- #
+
+# Far above any natural ending: a text that reaches it did not end by itself.
+ROOM = 1500
+
+
+@pytest.mark.slow
+def test_the_served_demo_ends_by_itself_after_lengths_that_vary_with_the_prompt(api, running_worker):
+    subjects = ["rivers", "a lighthouse", "the storm", "bread", "trains", "numbers", "a garden", "the sea", "music"]
+    requests = [
+        {"input": f"Tell me about {subject}.", "seed": n, **({"temperature": 0} if n % 2 else {})}
+        for n, subject in enumerate(subjects + [f"question {n}?" for n in range(11)])
+    ]
+    tasks = [create(api, request.pop("input"), max_output_tokens=ROOM, **request) for request in requests]
+
+    lengths = []
+    for task in tasks:
+        done = wait_for_status(api, task["id"], {"succeeded", "failed", "cancelled"})
+        assert (done["status"], done["response"]["status"]) == ("succeeded", "completed"), done
+        lengths.append(done["response"]["usage"]["output_tokens"])
+    assert min(lengths) >= 10 and max(lengths) < ROOM / 2, lengths
+    assert max(lengths) - min(lengths) >= 100 and len(set(lengths)) >= len(lengths) // 2, lengths
+
+
+@pytest.mark.slow
+def test_the_openai_packages_stream_helper_gets_the_completed_response(api, running_worker, web_server):
+    sdk = openai.OpenAI(base_url=f"{web_server.base}/lmsp/v1", api_key=api.token, max_retries=0, timeout=60)
+
+    with sdk.responses.stream(model="demo", input="Hello", max_output_tokens=ROOM) as stream:
+        final = stream.get_final_response()
+
+    assert final.status == "completed"
+    assert 0 < final.usage.output_tokens < ROOM / 2
+    assert final.output_text

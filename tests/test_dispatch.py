@@ -4,16 +4,20 @@ from __future__ import annotations
 
 import base64
 import json
+from collections.abc import Iterator
 from datetime import timedelta
 
+import pytest
 from django.conf import settings
 from django.utils import timezone
 
+from tasks_app.dispatch_sender import dispatch_sender_start, dispatch_sender_stop, dispatch_sender_submit
 from tasks_app.models import Task
 from tasks_app.notify import key, redis_client
 from tasks_app.services.dispatch import queued_tasks_sweep
 from tasks_app.states import TaskStatus
 from tests.support.queues import queued_ids
+from tests.support.waiting import wait_until
 
 
 def marked(task_id: str) -> bool:
@@ -73,3 +77,38 @@ def test_the_sweeper_uses_the_configured_grace(api, queue):
     assert queued_tasks_sweep() == []
     _age(task_id, settings.LMSP_SWEEP_GRACE_SECONDS + 1)
     assert queued_tasks_sweep() == [task_id]
+
+
+@pytest.fixture
+def sender() -> Iterator[None]:
+    """This process sends through a background sender, as a web process does."""
+    dispatch_sender_start()
+    yield
+    dispatch_sender_stop()
+
+
+def test_with_a_sender_the_message_and_its_marker_follow_the_commit_from_its_thread(api, queue, sender):
+    task = api.create_task("Hi").json()
+
+    wait_until(lambda: queued_ids(queue) == [task["id"]], what=lambda: f"not sent: {queued_ids(queue)}")
+    wait_until(lambda: marked(task["id"]), what="no dispatch marker")
+
+
+def test_a_task_refused_by_its_transaction_is_never_handed_to_the_sender(api, queue, sender):
+    response = api.post("/lmsp/v1/tasks", {"type": "response", "input": {"model": "nope", "input": "x"}})
+    ok = api.create_task("after").json()
+
+    assert response.status_code == 400
+    wait_until(lambda: queued_ids(queue) == [ok["id"]], what=lambda: f"sent: {queued_ids(queue)}")
+
+
+def test_stopping_the_sender_sends_what_is_still_waiting(queue, sender):
+    ids = [f"task_drain_{n}" for n in range(250)]
+    for task_id in ids:
+        assert dispatch_sender_submit(task_id=task_id)
+
+    dispatch_sender_stop()
+
+    assert sorted(queued_ids(queue)) == sorted(ids)
+    assert all(marked(task_id) for task_id in ids)
+    assert not dispatch_sender_submit(task_id="task_after_stop")  # back to sending inline

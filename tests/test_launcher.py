@@ -16,6 +16,7 @@ import signal
 import socket
 import sqlite3
 import subprocess
+import sys
 import urllib.error
 import urllib.request
 import uuid
@@ -28,6 +29,7 @@ import pytest
 from django.conf import settings
 from django.db import connection
 
+from tests.support.demo import ENDLESS_MODEL
 from tests.support.namespace import REDIS_PREFIX
 from tests.support.server import REPO, free_port
 from tests.support.waiting import wait_until
@@ -127,10 +129,14 @@ class Launcher:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
-    def start(self) -> None:
+    def start(self, *, sigint_ignored: bool = False) -> None:
+        """Start it as a terminal does, or (``sigint_ignored``) as a script's ``scripts/quickstart &``:
+        a shell without job control starts its background commands with SIGINT ignored."""
+        # The ignored SIGINT survives the exec, as it survives the shell's fork and exec.
+        command = ["bash", "-c", 'trap "" INT; exec "$0"', str(QUICKSTART)] if sigint_ignored else [str(QUICKSTART)]
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(
-                [str(QUICKSTART)],
+                command,
                 cwd=REPO,
                 env=self.env,
                 stdout=log,
@@ -174,7 +180,7 @@ class Launcher:
         headers = {"Idempotency-Key": str(uuid.uuid4())}
         body = {
             "type": "response",
-            "input": {"model": "demo", "input": "Hello", "max_output_tokens": tokens},
+            "input": {"model": ENDLESS_MODEL, "input": "Hello", "max_output_tokens": tokens},
             "on_restart": policy,
         }
         return self.call("POST", "/lmsp/v1/tasks", body, headers)["id"]
@@ -326,6 +332,15 @@ def start_long_task(launcher: Launcher, policy: str) -> str:
     return task_id
 
 
+def assert_one_line_per_interrupted_task(launcher: Launcher, task_id: str, outcome: str) -> None:
+    """Stopping during a generation: one plain line about the task from the worker, no traceback anywhere."""
+    log = launcher.log()
+    assert "Traceback" not in log, log[-6000:]
+    lines = [line for line in process_lines(log, "worker.1") if task_id in line and "interrupted by shutdown" in line]
+    assert len(lines) == 1, (lines, log[-6000:])
+    assert lines[0].endswith(f"task {task_id} interrupted by shutdown; {outcome}"), lines
+
+
 def assert_all_gone(started: list[ProcInfo], launcher: Launcher) -> None:
     wait_until(
         lambda: not [p for p in started if alive(p)],
@@ -347,6 +362,12 @@ def test_quickstart_serves_a_task_and_ctrl_c_stops_everything_with_its_own_redis
 
     serve_one_task(launcher)
     assert_prefixed_logs(launcher.log())
+    # One access line per request (uvicorn's own access log is off).
+    access = [line for line in process_lines(launcher.log(), "web.1") if "lmsp.access: POST /lmsp/v1/tasks 202" in line]
+    assert len(access) == 1, launcher.log()[-4000:]
+    # The address it printed answers with the way in.
+    with urllib.request.urlopen(launcher.base + "/lmsp/v1", timeout=10) as reply:
+        assert json.loads(reply.read())["links"]["docs"] == launcher.base + "/lmsp/v1/docs"
     long_task = start_long_task(launcher, "fail")
 
     redis_pid = int((launcher.data_dir / "quickstart-redis.pid").read_text())
@@ -362,6 +383,7 @@ def test_quickstart_serves_a_task_and_ctrl_c_stops_everything_with_its_own_redis
     # The generation cut short ended as its policy says, right away.
     row = task_row(launcher, long_task)
     assert row["status"] == "failed" and row["error"]["code"] == "server_restarted", row
+    assert_one_line_per_interrupted_task(launcher, long_task, "on_restart=fail: it failed (server_restarted)")
 
 
 def test_quickstart_stops_on_sigterm_and_the_next_start_reruns_the_interrupted_task(launcher: Launcher):
@@ -381,6 +403,11 @@ def test_quickstart_stops_on_sigterm_and_the_next_start_reruns_the_interrupted_t
 
     # Its policy (retry) put it back in the queue at once; the next start runs it again.
     assert interrupted["status"] == "queued" and interrupted["attempts"] == 1, interrupted
+    assert_one_line_per_interrupted_task(
+        launcher,
+        long_task,
+        "on_restart=retry: it is queued again and runs anew at the next start (or on another running worker)",
+    )
 
     launcher.start()
     assert launcher.token == first_token  # the client of the first start is still good
@@ -421,3 +448,82 @@ def test_quickstart_without_redis_says_how_to_get_it(tmp_path: Path):
     # It stopped before touching anything: no database, no model.
     assert not (tmp_path / "data" / "lmsp.sqlite3").exists()
     assert not (tmp_path / "models").exists()
+
+
+def another_shell_env(data_dir: Path) -> dict[str, str]:
+    """A second terminal's environment: none of the launcher's settings but where its data is,
+    and not under pytest (manage.py leaves the file alone for the tests' own commands)."""
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if not key.startswith(("LMSP_", "PYTEST_")) and key not in {"DATABASE_URL", "REDIS_URL", "CELERY_BROKER_URL"}
+    }
+    env["LMSP_DATA_DIR"] = str(data_dir)
+    return env
+
+
+def test_a_background_quickstart_stops_on_sigint_by_pid_and_manage_py_elsewhere_uses_its_settings(
+    launcher: Launcher,
+):
+    # `scripts/quickstart &` from a script: SIGINT ignored on entry; with a Redis of its own.
+    launcher.env["REDIS_URL"] = f"redis://127.0.0.1:{free_port()}/0"
+    launcher.start(sigint_ignored=True)
+    long_task = start_long_task(launcher, "resume")
+
+    # Another shell, with none of the variables exported: manage.py takes the
+    # quick start's settings from its file, so it sees this installation.
+    env_file = launcher.data_dir / "quickstart.env"
+    assert env_file.stat().st_mode & 0o077 == 0
+    done = subprocess.run(
+        [sys.executable, "manage.py", "lmsp_recover"],
+        cwd=REPO,
+        # What that shell does set wins over the file.
+        env={**another_shell_env(launcher.data_dir), "LMSP_RECOVER_INSPECT_SECONDS": "3"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert f"from {env_file} (the quick start's settings)" in done.stderr
+    assert f"lmsp_recover: live workers: worker-{launcher.env['LMSP_REDIS_PREFIX']}@" in done.stdout, done.stdout
+    assert "lmsp_recover: held by a live worker: 1" in done.stdout, done.stdout
+
+    started = launcher.stop(signal.SIGINT, group=False)
+    assert launcher.proc.returncode == 130
+    assert_all_gone(started, launcher)
+    assert "quickstart: stopping the redis-server it started" in launcher.log()
+    row = task_row(launcher, long_task)
+    assert row["status"] == "running", row  # waiting to be resumed by the next start
+    assert_one_line_per_interrupted_task(
+        launcher, long_task, "on_restart=resume: it resumes at the next start (or on another running worker)"
+    )
+
+
+SETTINGS_PROBE = "from django.conf import settings; print(settings.LMSP_REDIS_PREFIX, settings.LMSP_TASK_QUEUE)"
+
+
+def test_only_manage_py_reads_the_quickstart_settings_and_only_what_the_shell_does_not_set(tmp_path: Path):
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    env_file = data_dir / "quickstart.env"
+    env_file.write_text("# a comment\nLMSP_REDIS_PREFIX=from-the-file\nLMSP_TASK_QUEUE=queue-from-the-file\n")
+    shell = {**another_shell_env(data_dir), "LMSP_TASK_QUEUE": "my-queue"}
+
+    def probe(command: list[str], env: dict[str, str]) -> tuple[list[str], str]:
+        """The settings the command saw (its last line) and its stderr."""
+        done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        return done.stdout.strip().splitlines()[-1].split(), done.stderr
+
+    seen, stderr = probe([sys.executable, "manage.py", "shell", "-c", SETTINGS_PROBE], shell)
+    assert seen == ["from-the-file", "my-queue"]
+    assert f"manage.py: LMSP_REDIS_PREFIX from {env_file} (the quick start's settings)" in stderr
+    # A manage.py that a test starts, and the settings themselves (pytest, celery, uvicorn) never read it.
+    seen, stderr = probe(
+        [sys.executable, "manage.py", "shell", "-c", SETTINGS_PROBE], {**shell, "PYTEST_CURRENT_TEST": "x"}
+    )
+    assert seen == ["lmsp", "my-queue"]
+    assert "quickstart.env" not in stderr
+    django_only = f"import django; django.setup(); {SETTINGS_PROBE}"
+    seen, _ = probe([sys.executable, "-c", django_only], {**shell, "DJANGO_SETTINGS_MODULE": "lmsp_project.settings"})
+    assert seen == ["lmsp", "my-queue"]

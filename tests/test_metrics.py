@@ -35,6 +35,7 @@ from tasks_app.prometheus import (
     workers_key,
 )
 from tests.support.db import database_url, is_postgres
+from tests.support.demo import ENDLESS_MODEL
 from tests.support.namespace import REDIS_PREFIX
 from tests.support.server import REPO, free_port, uvicorn_process
 from tests.support.sse import open_stream
@@ -152,7 +153,7 @@ def test_finished_counters_and_worker_histograms_after_real_tasks(api, running_w
     done = [create(api, f"Write about rivers {n}", max_output_tokens=40, seed=n) for n in (1, 2)]
     for task in done:
         assert wait_for_status(api, task["id"], {"succeeded", "failed", "cancelled"})["status"] == "succeeded"
-    long = create(api, "Go on and on", max_output_tokens=4000, seed=3)
+    long = create(api, "Go on and on", model=ENDLESS_MODEL, max_output_tokens=4000, seed=3)
     wait_until(
         lambda: TaskEvent.objects.filter(task_id=long["id"], type="response.output_text.delta").count() >= 20,
         what="the long task never generated",
@@ -313,6 +314,8 @@ def test_local_only_serves_loopback_and_refuses_the_hosts_other_address(transact
     if address is None:
         pytest.skip("this host has no non-loopback IPv4 address")
     env = {"DATABASE_URL": database_url(), "LMSP_REDIS_PREFIX": REDIS_PREFIX, "LMSP_METRICS_LOCAL_ONLY": "true"}
+    # Bound to every interface, it answers only the names it is given.
+    env["LMSP_ALLOWED_HOSTS"] = f"{address},127.0.0.1"
     with uvicorn_on_all_interfaces(env) as port:
         status, headers, body = fetch(f"http://{address}:{port}")
         assert status == 403

@@ -21,9 +21,15 @@ from openapi_spec_validator import validate
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT202012
 
+from tasks_app import lifecycle
+from tasks_app.api.throttles import throttle_reset
+from tasks_app.db_locks import lock_wait
 from tasks_app.models import IdempotencyKey, ModelRecord, Task
 from tasks_app.services.clients import pairing_code_create
 from tasks_app.services.retention import retention_cleanup
+from tests.support.db import database_write_locked
+from tests.support.demo import ENDLESS_MODEL
+from tests.support.server import free_port
 from tests.support.sse import open_stream
 from tests.support.tasks import wait_for_status
 from tests.support.waiting import wait_until
@@ -47,9 +53,11 @@ SHORT = {"max_output_tokens": 2}
 
 @pytest.fixture(autouse=True)
 def _fresh_throttle() -> Iterator[None]:
-    # POST /pair is rate-limited per address in the (process-wide) cache.
+    # POST /pair is rate-limited per address, counted in Redis.
     cache.clear()
+    throttle_reset(scope="pair")
     yield
+    throttle_reset(scope="pair")
     cache.clear()
 
 
@@ -144,6 +152,91 @@ def test_the_schema_has_every_route_and_method_the_api_serves_and_no_other(db, s
     assert documented == served
 
 
+# --- the schema allows exactly what the server accepts ------------------------------------------------
+
+# (operation, where, name, value, whether the server accepts it). Each was a disagreement schemathesis
+# found (issue 14: empty strings, top_p 0, U+0000, undeclared fields, 7.0 as an integer, metadata keys,
+# status lists), or is the boundary of one.
+AGREEMENT = [
+    ("get", "/lmsp/v1/tasks", "query", "after", "", False),
+    ("get", "/lmsp/v1/tasks", "query", "after", "garbage", False),
+    ("get", "/lmsp/v1/tasks", "query", "after", UNKNOWN_RESPONSE, False),
+    ("get", "/lmsp/v1/tasks", "query", "after", UNKNOWN_TASK, True),
+    ("get", "/lmsp/v1/tasks", "query", "status", "", False),
+    ("get", "/lmsp/v1/tasks", "query", "status", "paused", False),
+    ("get", "/lmsp/v1/tasks", "query", "status", "queued,,running", False),
+    ("get", "/lmsp/v1/tasks", "query", "status", "queued, running", False),
+    ("get", "/lmsp/v1/tasks", "query", "status", "queued,running", True),
+    ("get", "/lmsp/v1/models", "query", "after", "", False),
+    ("get", "/lmsp/v1/models", "query", "after", "x" * 201, False),
+    ("get", "/lmsp/v1/models", "query", "after", " demo ", True),
+    ("get", "/lmsp/v1/models", "query", "after", "de\u0000mo", False),
+    ("post", "/lmsp/v1/tasks", "body", "model", "", False),
+    ("post", "/lmsp/v1/tasks", "body", "model", "x" * 201, False),
+    ("post", "/lmsp/v1/tasks", "body", "model", "demo", True),
+    ("post", "/lmsp/v1/tasks", "body", "top_p", 0, False),
+    ("post", "/lmsp/v1/tasks", "body", "top_p", -0.0, False),
+    ("post", "/lmsp/v1/tasks", "body", "top_p", 1e-9, True),
+    ("post", "/lmsp/v1/tasks", "body", "top_p", 1, True),
+    ("post", "/lmsp/v1/tasks", "body", "model", "de\u0000mo", False),
+    ("post", "/lmsp/v1/tasks", "body", "metadata", {"k" * 65: "v"}, False),
+    ("post", "/lmsp/v1/tasks", "body", "metadata", {"k\u0000": "v"}, False),
+    ("post", "/lmsp/v1/tasks", "body", "metadata", {"k" * 64: "v"}, True),
+    ("post", "/lmsp/v1/tasks", "body", "seed", 7.0, True),
+    ("post", "/lmsp/v1/tasks", "body", "seed", 7.5, False),
+    ("post", "/lmsp/v1/tasks", "body", "undeclared", 1, False),
+    ("post", "/lmsp/v1/responses", "body", "model", "", False),
+    ("post", "/lmsp/v1/responses", "body", "top_p", 0, False),
+    ("post", "/lmsp/v1/pair", "body", "code", "", False),
+    ("post", "/lmsp/v1/pair", "body", "client_name", "", False),
+    ("post", "/lmsp/v1/pair", "body", "undeclared", {}, False),
+]
+
+
+def _server_accepts(api, method: str, path: str, where: str, name: str, value: Any) -> bool:
+    """Whether the server takes ``value`` for ``name``; a refusal must be a 400 naming it."""
+    if where == "query":
+        reply, field = api.get(path, **{name: value}), name
+    elif path == f"{API}tasks":
+        body = {"type": "response", "input": {"model": "demo", "input": "Hi", **SHORT, name: value}}
+        reply, field = api.post(path, body), f"input.{name}"
+    elif path == f"{API}responses":
+        # Only refusals here: an accepted request would wait for a worker this test does not run.
+        reply, field = api.post(path, {"model": "demo", "input": "Hi", name: value}), name
+    else:
+        reply, field = api.post(path, {"code": "0000-0000", "client_name": "phone", name: value}), name
+    if reply.status_code < 300:
+        return True
+    assert reply.status_code == 400, (reply.status_code, reply.content)
+    assert field in {error["field"] for error in reply.json()["errors"]}, reply.content
+    return False
+
+
+def _schema_accepts(ledger: Ledger, method: str, path: str, where: str, name: str, value: Any) -> bool:
+    operation = ledger.spec["paths"][path][method]
+    if where == "query":
+        (index,) = [i for i, p in enumerate(operation["parameters"]) if p["in"] == "query" and p["name"] == name]
+        return not ledger._invalid(pointer("paths", path, method, "parameters", str(index), "schema"), value)
+    if path == f"{API}tasks":
+        body = {"type": "response", "input": {"model": "demo", "input": "Hi", name: value}}
+    elif path == f"{API}responses":
+        body = {"model": "demo", "input": "Hi", name: value}
+    else:
+        body = {"code": "0000-0000", "client_name": "phone", name: value}
+    schema_at = pointer("paths", path, method, "requestBody", "content", "application/json", "schema")
+    return not ledger._invalid(schema_at, body)
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "where", "name", "value", "accepted"),
+    AGREEMENT,
+    ids=[f"{m} {p.removeprefix(API)} {n}={v!r}"[:60] for m, p, _, n, v, _ in AGREEMENT],
+)
+def test_the_schema_allows_exactly_what_the_server_accepts(api, spec, method, path, where, name, value, accepted):
+    assert _server_accepts(api, method, path, where, name, value) is accepted
+    assert _schema_accepts(Ledger(spec, closed=False), method, path, where, name, value) is accepted
+
+
 # --- every answer is documented, every documented answer happens ------------------------------------
 
 # (method, path, status, code) documented but not produced here, and why.
@@ -163,6 +256,8 @@ class Answer:
     headers: dict[str, str]
     body: bytes = b""
     events: list[dict[str, Any]] = field(default_factory=list)
+    # The events as an SSE parser yields them, what the media type's schema describes.
+    frames: list[dict[str, str]] = field(default_factory=list)
 
     @property
     def media_type(self) -> str | None:
@@ -185,11 +280,12 @@ class Ledger:
 
     URN = "urn:lmsp-openapi"
 
-    def __init__(self, spec: dict[str, Any]) -> None:
+    def __init__(self, spec: dict[str, Any], *, closed: bool = True) -> None:
         self.spec = spec
         strict = copy.deepcopy(spec)
-        # A field the objects carry but the schema does not name is drift too.
-        for component in strict["components"]["schemas"].values():
+        # A field the objects carry but the schema does not name is drift too (``closed``; a check
+        # of the schema's own word on requests leaves it as served).
+        for component in strict["components"]["schemas"].values() if closed else ():
             if component.get("type") == "object" and "properties" in component:
                 component.setdefault("additionalProperties", False)
         resource = Resource.from_contents(strict, default_specification=DRAFT202012)
@@ -239,6 +335,9 @@ class Ledger:
             for event in answer.events:
                 for error in self._invalid("components/schemas/StreamEvent", event):
                     self.faults.append(f"{where}: event {event.get('type')}: {error}")
+            for frame in answer.frames:
+                for error in self._invalid(schema_at + "/schema", frame):
+                    self.faults.append(f"{where}: frame {frame.get('id')}: {error}")
             return
         for error in self._invalid(schema_at + "/schema", json.loads(answer.body)):
             self.faults.append(f"{where}: {error}")
@@ -303,8 +402,9 @@ class Caller:
         headers: dict[str, str] | None = None,
     ) -> Answer:
         with open_stream(self.base, url, token=token, method=method, body=body, headers=headers) as stream:
-            events = [event.payload for event in stream.all()] if not stream.ended else []
-            answer = Answer(stream.status, stream.headers, stream.body, events)
+            parsed = stream.all() if not stream.ended else []
+            frames = [{"id": str(event.id), "event": event.event, "data": event.data} for event in parsed]
+            answer = Answer(stream.status, stream.headers, stream.body, [event.payload for event in parsed], frames)
         return self.ledger.saw(method, path, answer)
 
 
@@ -407,9 +507,15 @@ def test_every_answer_is_documented_and_every_documented_answer_happens(
     with override_settings(LMSP_MAX_QUEUED_TASKS=0):
         call.here("POST", responses, token=api.token, body=request)
 
+    # A client that holds as many open streams as allowed is refused one more (429 too_many_streams).
+    with override_settings(LMSP_MAX_STREAMS_PER_CLIENT=0):
+        call.here("GET", events_path, url=events_url, token=api.token)
+        call.here("GET", response_path, url=f"{stored_url}?stream=true", token=api.token)
+        call.here("POST", responses, token=api.token, body=request)
+
     # A waiting POST /responses (live) holds its key: a second one with it meanwhile is 409. Its long
     # generation is then cancelled (200), and the waiting request answers the cancelled response.
-    waiting = {"model": "demo", "input": "A long story", "max_output_tokens": 8000}
+    waiting = {"model": ENDLESS_MODEL, "input": "A long story", "max_output_tokens": 8000}
     held = {"Idempotency-Key": "k-wait"}
     with ThreadPoolExecutor(1) as pool:
         first = pool.submit(call.live, "POST", responses, url=responses, token=api.token, body=waiting, headers=held)
@@ -429,6 +535,17 @@ def test_every_answer_is_documented_and_every_documented_answer_happens(
     for _ in range(50):
         if call.here("POST", pair, body={"code": "0000-0000", "client_name": "x"}).status == 429:
             break
+    # Without Redis the rate limit cannot be counted, so pairing is refused (503), not let through.
+    with override_settings(REDIS_URL=f"redis://127.0.0.1:{free_port()}/0"):
+        call.here("POST", pair, body={"code": code, "client_name": "tablet"})
+
+    # A writer frozen with the database's lock (a stopped process): every write waits its bounded time,
+    # answers 503 service_unavailable with Retry-After, and writes nothing.
+    waiting_task = lifecycle.task_insert(client=api.client, request=body["input"], model="demo")
+    with database_write_locked(), lock_wait(0.2):
+        call.here("POST", tasks, token=api.token, body=body)
+        call.here("POST", cancel_path, url=fill(cancel_path, waiting_task.id), token=api.token)
+        call.here("POST", responses, token=api.token, body={**request, "stream": False})
 
     # Retention removes the finished tasks' events: every way to read them is 410 now.
     settings.LMSP_EVENT_RETENTION_SECONDS = 0

@@ -28,6 +28,7 @@ from tasks_app.services.model_scan import model_scan
 from tasks_app.states import RestartPolicy, TaskStatus
 from tests.support.api import ApiClient
 from tests.support.db import database_url
+from tests.support.demo import ENDLESS_MODEL, ENDLESS_TAG
 from tests.support.namespace import REDIS_PREFIX
 from tests.support.server import uvicorn_process
 from tests.support.sse import call, open_stream
@@ -65,7 +66,7 @@ class Lab:
         call_command("lmsp_recover", "--inspect-timeout", str(inspect_timeout), stdout=out)
         return out.getvalue()
 
-    def create(self, policy: str, *, model: str = "demo", tokens: int = 8, **request: Any) -> str:
+    def create(self, policy: str, *, model: str = ENDLESS_MODEL, tokens: int = 8, **request: Any) -> str:
         headers = {"Idempotency-Key": f"k-{os.urandom(6).hex()}"}
         body = {"model": model, "input": "Tell me a long story", "max_output_tokens": tokens, **request}
         reply = self.api.create_task(headers=headers, on_restart=policy, input=body)
@@ -90,9 +91,12 @@ class Lab:
 
 
 @pytest.fixture
-def lab(transactional_db, make_client, demo_models_root: Path, tmp_path: Path, settings) -> Lab:
+def lab(
+    transactional_db, make_client, demo_models_root: Path, endless_model_dir: Path, tmp_path: Path, settings
+) -> Lab:
     models = tmp_path / "models"
     shutil.copytree(demo_models_root / "demo", models / "demo")
+    shutil.copytree(endless_model_dir, models / "demo" / ENDLESS_TAG)
     # A second copy whose config can be swapped for a FIFO (see stalled_model).
     shutil.copytree(demo_models_root / "demo", models / "stall")
     settings.LMSP_MODELS_DIR = models
@@ -381,7 +385,7 @@ def test_restarting_only_the_web_process_leaves_a_running_task_alone(lab: Lab):
     body = {
         "type": "response",
         "on_restart": "fail",
-        "input": {"model": "demo", "input": "Go", "max_output_tokens": LONG},
+        "input": {"model": ENDLESS_MODEL, "input": "Go", "max_output_tokens": LONG},
     }
     with lab.worker("steady") as worker:
         with uvicorn_process(lab.env["DATABASE_URL"], env) as first:

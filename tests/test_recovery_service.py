@@ -18,18 +18,29 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from tasks_app import lifecycle
+from tasks_app import lifecycle, states
 from tasks_app.exceptions import ServerRestarted
+from tasks_app.lifecycle import RecoveryMove
 from tasks_app.models import Task, TaskEvent
 from tasks_app.notify import key, redis_client
 from tasks_app.services.dispatch import queued_tasks_sweep
-from tasks_app.services.recovery import LiveWorkers, abandoned_tasks_reap, leftover_tasks_recover
+from tasks_app.services.recovery import (
+    CANCELLED,
+    FAILED,
+    LOST_RACE,
+    REQUEUED,
+    RESUMED,
+    LiveWorkers,
+    abandoned_tasks_reap,
+    leftover_tasks_recover,
+)
 from tasks_app.services.tasks import task_cancel
 from tasks_app.states import RestartPolicy, TaskStatus
 from tests.support.db import database_url
 from tests.support.namespace import REDIS_PREFIX
 from tests.support.queues import queued_ids
 from tests.support.server import REPO
+from tests.support.waiting import wait_until
 
 S = TaskStatus
 GHOST = "ghost@nowhere/1"
@@ -168,11 +179,10 @@ def test_a_heartbeat_that_lands_after_the_reaper_looked_keeps_the_task(held):
     # The worker was only slow: its heartbeat arrives between the reaper's read and its move.
     assert lifecycle.task_heartbeat(task_id=task_id, worker=GHOST).won
 
-    result = lifecycle.task_recover(
-        task_id=task_id, found=S.RUNNING, to=S.FAILED, worker=seen.worker, heartbeat_at=seen.heartbeat_at, error=FAILURE
-    )
+    move = RecoveryMove(task_id, S.RUNNING, S.FAILED, seen.worker, seen.heartbeat_at, FAILURE)
+    batch = lifecycle.tasks_recover(moves=[move])
 
-    assert not result.won
+    assert batch.lost == (task_id,) and not batch.won
     assert status(task_id) == S.RUNNING
 
 
@@ -225,3 +235,62 @@ def test_the_command_as_a_service_start_runs_it(held, queue):
     assert "lmsp_recover: live workers: none" in lines
     assert "lmsp_recover: failed: 1" in lines and "lmsp_recover: cancelled: 1" in lines
     assert (status(running), status(cancelling)) == (S.FAILED, S.CANCELLED)
+
+
+def _frozen(pid: int) -> bool:
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().rsplit(")", 1)[1].split()[0] == "T"
+
+
+@pytest.mark.slow
+def test_a_recovery_killed_mid_run_leaves_each_task_moved_with_its_event_or_untouched(held, queue):
+    """A page of tasks moves in one transaction: killed inside its second page, the first page stays
+    moved (each task with its one terminal event), every other task untouched; a rerun finishes."""
+    policies = [RestartPolicy.FAIL, RestartPolicy.RETRY, RestartPolicy.RESUME]
+    ids = sorted(held(found, policy) for found in (S.QUEUED, S.LOADING, S.RUNNING, S.CANCELLING) for policy in policies)
+    row = ("status", "worker", "last_sequence", "updated_at")
+    before = {t["id"]: t for t in Task.objects.filter(pk__in=ids).values("id", "on_restart", *row)}
+    env = {
+        **os.environ,
+        "DATABASE_URL": database_url(),
+        "LMSP_REDIS_PREFIX": REDIS_PREFIX,
+        "LMSP_TASK_QUEUE": queue,
+        "LMSP_RECOVER_INSPECT_SECONDS": "0.2",
+        "LMSP_FAULT_FREEZE": "tasks_recover@2",
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "manage.py", "lmsp_recover", "--batch-size", "5"],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        wait_until(lambda: proc.poll() is not None or _frozen(proc.pid), what="lmsp_recover did not reach its fault")
+        assert proc.poll() is None, proc.stderr.read()
+    finally:
+        proc.kill()  # a crash inside the second page's transaction
+        proc.wait()
+
+    after = {t["id"]: t for t in Task.objects.filter(pk__in=ids).values("id", *row)}
+    for task_id in ids:
+        old, new = before[task_id], after[task_id]
+        added = list(
+            TaskEvent.objects.filter(task_id=task_id, sequence_number__gt=old["last_sequence"]).values_list(
+                "type", flat=True
+            )
+        )
+        target = states.recovery_target(old["status"], old["on_restart"])
+        if task_id in ids[:5] and (old["status"], target) != (S.QUEUED, S.QUEUED):
+            assert new["status"] == target, task_id
+            if target in states.RUNS_AGAIN:
+                assert new["worker"] == "", task_id
+            assert added == ([f"response.{target}"] if target in states.TERMINAL else []), task_id
+        else:
+            assert {name: new[name] for name in row} == {name: old[name] for name in row}, task_id
+            assert added == [], task_id
+
+    again = leftover_tasks_recover(live=nobody(), batch_size=5)
+    assert again.counts[FAILED] + again.counts[CANCELLED] + again.counts[REQUEUED] + again.counts[RESUMED] > 0
+    assert not again.counts[LOST_RACE]
+    assert leftover_tasks_recover(live=nobody(), batch_size=5).moved == 0

@@ -11,6 +11,7 @@ import pytest
 
 from tasks_app.models import Task, TaskEvent
 from tasks_app.states import TaskStatus
+from tests.support.demo import ENDLESS_MODEL
 from tests.support.logs import as_rows, assert_well_formed_log, delta_text, events_path, stored
 from tests.support.sse import TERMINAL_TYPES, SseEvent, call, open_stream
 from tests.support.tasks import create, wait_for_status
@@ -82,7 +83,7 @@ def test_the_header_cursor_wins_over_the_query(api, running_worker, web_server):
 
 
 def test_a_client_that_drops_mid_stream_gets_the_rest_without_gap_or_duplicate(api, running_worker, web_server):
-    task = create(api, "A long story", max_output_tokens=4000, seed=5)
+    task = create(api, "A long story", model=ENDLESS_MODEL, max_output_tokens=4000, seed=5)
     with open_stream(web_server.base, events_path(task["id"]), token=api.token) as first:
         before = first.take(40)
     assert Task.objects.get(pk=task["id"]).status == TaskStatus.RUNNING
@@ -120,7 +121,7 @@ def test_many_concurrent_streams_on_one_task_and_on_many(api, running_worker, we
 
 
 def test_cancelling_a_task_ends_its_streams_with_response_cancelled(api, running_worker, web_server):
-    task = create(api, "Go on and on", max_output_tokens=4000)
+    task = create(api, "Go on and on", model=ENDLESS_MODEL, max_output_tokens=4000)
     streams = [open_stream(web_server.base, events_path(task["id"]), token=api.token) for _ in range(3)]
     try:
         for stream in streams:

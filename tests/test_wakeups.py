@@ -43,6 +43,18 @@ def test_a_wake_up_reaches_the_watchers_of_its_task_only():
     assert asyncio.run(scenario()) == (True, False)
 
 
+def test_one_message_for_a_page_of_recovered_tasks_wakes_each_task_s_watchers():
+    """Recovery commits hundreds of tasks at once and tells them in one message (``tasks_changed_on_commit``)."""
+
+    async def scenario() -> tuple[bool, bool, bool]:
+        with Watch("task_p", statuses={"failed"}) as p, Watch("task_q") as q, Watch("task_r") as r:
+            await connected(p, q, r)
+            publish(tasks_channel(), {"changes": [["task_p", "failed", 3], ["task_q", "queued", 0]]})
+            return await p.wait(10), await q.wait(10), await r.wait(0.3)
+
+    assert asyncio.run(scenario()) == (True, True, False)
+
+
 def test_a_status_filter_ignores_other_changes():
     async def scenario() -> tuple[bool, bool]:
         with Watch("task_c", statuses={"succeeded"}) as watch:

@@ -19,6 +19,7 @@ from tasks_app.selectors import task_snapshot_get
 from tasks_app.services.dispatch import task_dispatch
 from tasks_app.services.model_scan import model_scan
 from tasks_app.states import TaskStatus
+from tests.support.demo import ENDLESS_MODEL
 from tests.support.logs import assert_well_formed_log, delta_text
 from tests.support.tasks import create, wait_for_status
 from tests.support.waiting import wait_until
@@ -122,7 +123,7 @@ def test_stop_string_ends_the_response_before_it(api, running_worker):
 
 
 def test_cancel_while_running_keeps_the_partial_output(api, running_worker):
-    task = create(api, "Write a very long report", max_output_tokens=100_000)
+    task = create(api, "Write a very long report", model=ENDLESS_MODEL, max_output_tokens=100_000)
     wait_until(
         TaskEvent.objects.filter(task_id=task["id"], type="response.output_text.delta").exists,
         what="no delta arrived",

@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,7 +27,15 @@ from django.conf import settings
 from django.db import close_old_connections, connection
 
 from tasks_app import broker, lifecycle, states
-from tasks_app.exceptions import BackendError, InvalidRequest, LmspError, ModelLoadFailed, ServerRestarted, TaskNotFound
+from tasks_app.exceptions import (
+    BackendError,
+    DatabaseBusy,
+    InvalidRequest,
+    LmspError,
+    ModelLoadFailed,
+    ServerRestarted,
+    TaskNotFound,
+)
 from tasks_app.ids import new_message_id
 from tasks_app.lifecycle import Partial, TransitionResult
 from tasks_app.selectors import task_output_text, task_run_request, task_snapshot_get
@@ -69,6 +77,29 @@ def runtime_problem(exc: BaseException) -> dict[str, Any]:
     if len(detail) > _DETAIL_LIMIT:
         detail = detail[: _DETAIL_LIMIT - 3] + "..."
     return BackendError(f"The inference backend failed ({detail})").to_problem()
+
+
+def _committed(verb: Callable[..., TransitionResult], **kwargs: Any) -> TransitionResult:
+    """Call a lifecycle verb, retrying while the database's lock is not granted in time.
+
+    A failed try wrote nothing, so trying again is exact. Another process
+    frozen inside a transaction holds the lock until it thaws or dies; past
+    the heartbeat timeout the reaper may have taken the task, which the
+    compare-and-set then reports as a lost race, so the retries stop there.
+    """
+    deadline = time.monotonic() + settings.LMSP_HEARTBEAT_TIMEOUT_SECONDS
+    pause = 0.05
+    while True:
+        try:
+            return verb(**kwargs)
+        except DatabaseBusy:
+            if time.monotonic() + pause >= deadline:
+                raise
+            logger.warning(
+                "%s for %s: the database is locked by another writer; retrying", verb.__name__, kwargs.get("task_id")
+            )
+            time.sleep(pause)
+            pause = min(pause * 2, 1.0)
 
 
 class Heartbeat:
@@ -176,13 +207,13 @@ def task_execute(*, task_id: str, worker: str) -> str:
     broker.dispatch_marker_clear(task_id=task_id)
     close_old_connections()
     try:
-        claim = lifecycle.task_claim(task_id=task_id, worker=worker)
+        claim = _committed(lifecycle.task_claim, task_id=task_id, worker=worker)
     except TaskNotFound:
         logger.info("dropped message for task %s: no such task", task_id)
         return "missing"
     resuming = False
     if not claim.won and claim.task.status in states.ORPHANABLE and claim.task.worker == "":
-        claim = lifecycle.task_adopt(task_id=task_id, worker=worker)
+        claim = _committed(lifecycle.task_adopt, task_id=task_id, worker=worker)
         resuming = claim.won
     if not claim.won:
         logger.info("dropped message for task %s: it is %s, not queued", task_id, claim.task.status)
@@ -272,7 +303,9 @@ def _generate(run: _Run, model: LoadedModel, request: Mapping[str, Any], cancell
     params = SamplingParams.from_request(request)
     prompt_ids = model.prompt_ids(request)
     run.generation = model.generate(prompt_ids, params, should_stop=cancelled.is_set)
-    started = lifecycle.task_start(task_id=run.task_id, worker=run.worker, item_id=run.item_id, snapshot=run.snapshot())
+    started = _committed(
+        lifecycle.task_start, task_id=run.task_id, worker=run.worker, item_id=run.item_id, snapshot=run.snapshot()
+    )
     if not started.won:
         return _after_lost_race(run, started)
     run.snapshot_stored()
@@ -311,7 +344,8 @@ def _stream(run: _Run, cancelled: threading.Event) -> str:
 
 def _commit_batch(run: _Run) -> str | None:
     """Commit the pending deltas; a non-None result means the run is over."""
-    result = lifecycle.task_progress(
+    result = _committed(
+        lifecycle.task_progress,
         task_id=run.task_id,
         worker=run.worker,
         item_id=run.item_id,
@@ -334,7 +368,8 @@ def _succeed(run: _Run) -> str:
     generation = run.generation
     assert generation is not None
     incomplete = generation.finish_reason == FINISH_LENGTH
-    done = lifecycle.task_succeed(
+    done = _committed(
+        lifecycle.task_succeed,
         task_id=run.task_id,
         worker=run.worker,
         item_id=run.item_id,
@@ -355,7 +390,7 @@ def _succeed(run: _Run) -> str:
 
 
 def _cancelled(run: _Run) -> str:
-    result = lifecycle.task_finish_cancel(task_id=run.task_id, worker=run.worker, partial=run.partial())
+    result = _committed(lifecycle.task_finish_cancel, task_id=run.task_id, worker=run.worker, partial=run.partial())
     if result.won:
         run.metrics.cancelled(result.task)
         logger.info("task %s cancelled", run.task_id)
@@ -374,8 +409,13 @@ def _after_lost_race(run: _Run, result: TransitionResult) -> str:
 
 
 def _fail(run: _Run, problem: Mapping[str, Any], sources: Iterable[TaskStatus]) -> str:
-    result = lifecycle.task_fail(
-        task_id=run.task_id, error=problem, worker=run.worker, sources=sources, partial=run.partial()
+    result = _committed(
+        lifecycle.task_fail,
+        task_id=run.task_id,
+        error=problem,
+        worker=run.worker,
+        sources=sources,
+        partial=run.partial(),
     )
     if result.won:
         logger.info("task %s failed: %s", run.task_id, problem.get("code"))

@@ -115,6 +115,7 @@ class Recorder:
                 pipe.zadd(workers_key(), {node: now})
             # Nodes gone for longer than the TTL: their hashes have expired too.
             pipe.zremrangebyscore(workers_key(), "-inf", now - ttl)
+            pipe.expire(workers_key(), ttl)
             pipe.execute()
         except (redis.RedisError, OSError) as exc:
             dropped = sum(int(v) for fields in pending.values() for k, v in fields.items() if k.endswith(":count"))

@@ -11,6 +11,7 @@ from rest_framework import exceptions as drf
 from rest_framework.response import Response
 
 from tasks_app import exceptions as exc
+from tasks_app.db_locks import busy_error, is_lock_timeout
 
 logger = logging.getLogger("tasks_app.api")
 
@@ -85,6 +86,8 @@ def exception_handler(error: Exception, context: dict[str, Any]) -> Response | N
     request = context.get("request")
     if isinstance(error, exc.LmspError):
         problem = error
+    elif is_lock_timeout(error):
+        problem = busy_error(error)
     elif isinstance(error, drf.APIException):
         problem = _from_drf(error)
     else:

@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 from drf_spectacular.utils import OpenApiExample, OpenApiParameter, OpenApiResponse, extend_schema
 
 from tasks_app import exceptions as exc
+from tasks_app.api.serializers import MAX_CURSOR
 from tasks_app.events import TERMINAL, EventType
 from tasks_app.services.idempotency import MAX_KEY_LENGTH
 
@@ -47,14 +48,14 @@ _CURSOR_RULES = (
 )
 LAST_EVENT_ID = OpenApiParameter(
     "Last-Event-ID",
-    {"type": "integer", "minimum": 0, "maximum": 2**31 - 1},
+    {"type": "integer", "minimum": 0, "maximum": MAX_CURSOR},
     OpenApiParameter.HEADER,
     description="Resume cursor, as an `EventSource` sends it on reconnect; wins over `starting_after`. "
     + _CURSOR_RULES,
 )
 STARTING_AFTER = OpenApiParameter(
     "starting_after",
-    {"type": "integer", "minimum": 0, "maximum": 2**31 - 1},
+    {"type": "integer", "minimum": 0, "maximum": MAX_CURSOR},
     OpenApiParameter.QUERY,
     description="Resume cursor, as the `openai` package sends it. " + _CURSOR_RULES,
 )
@@ -74,8 +75,23 @@ def idempotent_replayed(*statuses: int) -> OpenApiParameter:
     )
 
 
+# OpenAPI 3.1 gives an event stream's schema per event, as an SSE parser yields it (`id`, `event`,
+# `data`); its `data` is the JSON of a `StreamEvent`, so a checker can validate every event.
+SSE_EVENT_SCHEMA = {
+    "type": "object",
+    "required": ["id", "event", "data"],
+    "properties": {
+        "id": {"type": "string", "pattern": "^(0|[1-9][0-9]*)$", "description": "The event's `sequence_number`."},
+        "event": {"type": "string", "enum": list(EVENT_TYPES), "description": "The event's `type`."},
+        "data": {
+            "type": "string",
+            "contentMediaType": "application/json",
+            "contentSchema": {"$ref": "#/components/schemas/StreamEvent"},
+        },
+    },
+}
 EVENT_STREAM = OpenApiResponse(
-    {"type": "string"},
+    SSE_EVENT_SCHEMA,
     description=(
         "Server-sent events, one frame per event: `id: <sequence_number>`, `event: <type>`, "
         "`data: <the event as JSON, see the StreamEvent schema>`, a blank line. Types in order: "
@@ -84,19 +100,19 @@ EVENT_STREAM = OpenApiResponse(
         + ", ".join(f"`{name}`" for name in TERMINAL)
         + ", after which the server closes the stream. It opens with the comment `: stream opened` and "
         "sends `: keepalive` while idle. A `retry` policy's rerun appends a new `response.in_progress` "
-        "with empty output: drop the text of earlier attempts when it comes."
+        "with empty output: drop the text of earlier attempts when it comes. The schema is that of one "
+        "event as an SSE parser yields it."
     ),
     examples=[
         OpenApiExample(
-            "frames",
-            value=(
-                ": stream opened\n\n"
-                "id: 0\nevent: response.created\n"
-                'data: {"type":"response.created","sequence_number":0,"response":{"id":"resp_…","status":"queued"}}\n\n'
-                "id: 4\nevent: response.output_text.delta\n"
-                'data: {"type":"response.output_text.delta","sequence_number":4,"item_id":"msg_…",'
-                '"output_index":0,"content_index":0,"delta":"Hel"}\n\n'
-            ),
+            "event",
+            summary="One event as an SSE parser yields it from the frame `id: 4`, `event: ...`, `data: ...`",
+            value={
+                "id": "4",
+                "event": EventType.OUTPUT_TEXT_DELTA,
+                "data": '{"type":"response.output_text.delta","sequence_number":4,"item_id":"msg_…",'
+                '"output_index":0,"content_index":0,"delta":"Hel"}',
+            },
             media_type=EVENT_STREAM_MEDIA_TYPE,
             status_codes=[200],
             response_only=True,

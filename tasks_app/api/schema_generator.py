@@ -17,6 +17,9 @@ on its own:
   the codes we raise.
 - Security: per operation from the views' ``scopes_by_method`` (``None`` is
   public), so the schema states exactly what ``HasRequiredScopes`` checks.
+- Strict requests: what the server refuses in every request (U+0000 in a
+  string, an undeclared field) is stated on every request schema, so a
+  request the schema allows is one the server takes.
 """
 
 from __future__ import annotations
@@ -130,7 +133,59 @@ def lmsp_postprocess(result: dict[str, Any], generator: SchemaGenerator, **kwarg
         "description": "A logged-in, active staff user of the Django admin; reads every task's events.",
     }
     result["info"]["description"] = service_description(answered)
+    _strict_request_schemas(result)
     return _without_enum_ids(result)
+
+
+# What the strict JSON parser (``parsers._check_strings``) and DRF's ``CharField`` refuse in any string a
+# client sends, as a pattern, so the schema allows exactly the strings the server takes.
+NO_NUL_PATTERN = "^[^\\u0000]*$"
+
+
+def _strict_request_schemas(result: dict[str, Any]) -> None:
+    """Make the request bodies and query parameters refuse what the server refuses everywhere.
+
+    Every free string gets ``NO_NUL_PATTERN`` (also the keys of a map), and
+    every object with declared fields ``additionalProperties: false``: every
+    input serializer is a ``StrictSerializer``, which refuses undeclared
+    fields by name.
+    """
+    schemas = result.get("components", {}).get("schemas", {})
+    pending: list[Any] = []
+    for operations in result["paths"].values():
+        for op in operations.values():
+            pending += [media.get("schema") for media in op.get("requestBody", {}).get("content", {}).values()]
+            pending += [p.get("schema") for p in op.get("parameters", []) if p.get("in") == "query"]
+    seen: set[str] = set()
+    while pending:
+        node = pending.pop()
+        if not isinstance(node, dict):
+            continue
+        ref = node.get("$ref", "")
+        if ref.startswith("#/components/schemas/") and ref not in seen:
+            seen.add(ref)
+            pending.append(schemas.get(ref.rsplit("/", 1)[1]))
+        _make_strict(node)
+        pending += _subschemas(node)
+
+
+def _make_strict(node: dict[str, Any]) -> None:
+    types = node.get("type")
+    is_string = types == "string" or (isinstance(types, list) and "string" in types)
+    if is_string and not {"enum", "const", "pattern"} & set(node):
+        node["pattern"] = NO_NUL_PATTERN
+    if isinstance(node.get("additionalProperties"), dict):
+        node.setdefault("propertyNames", {}).setdefault("pattern", NO_NUL_PATTERN)
+    elif "properties" in node:
+        node.setdefault("additionalProperties", False)
+
+
+def _subschemas(node: dict[str, Any]) -> list[Any]:
+    found = list((node.get("properties") or {}).values())
+    for key in ("items", "oneOf", "anyOf", "allOf", "additionalProperties"):
+        value = node.get(key)
+        found += value if isinstance(value, list) else [value]
+    return found
 
 
 def _without_enum_ids(node: Any) -> Any:

@@ -69,6 +69,8 @@ _STATUS_HEADERS = {
         }
     },
 }
+# A 503 (a lock or Redis not available in time) asks to come back later, as a 429 does.
+_STATUS_HEADERS[503] = _STATUS_HEADERS[429]
 
 
 def _example_instance(path: str) -> str:

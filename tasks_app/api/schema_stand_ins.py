@@ -48,7 +48,7 @@ class TaskEventsOperations(APIView):
         parameters=[TASK_ID, LAST_EVENT_ID, STARTING_AFTER],
         request=None,
         responses={(200, EVENT_STREAM_MEDIA_TYPE): EVENT_STREAM, 204: STREAM_FINISHED},
-        problems=[exc.InvalidRequest, exc.TaskNotFound, exc.EventHistoryExpired],
+        problems=[exc.InvalidRequest, exc.TaskNotFound, exc.EventHistoryExpired, exc.TooManyStreams],
     )
     def get(self, request: Any, task_id: str) -> None:
         """Schema only."""
@@ -85,6 +85,8 @@ class ResponsesOperations(APIView):
             exc.EventHistoryExpired,
             exc.IdempotencyKeyReused,
             exc.QueueFull,
+            exc.DatabaseBusy,
+            exc.TooManyStreams,
         ],
     )
     def post(self, request: Any) -> None:
@@ -120,7 +122,7 @@ class ResponseDetailOperations(APIView):
             (200, EVENT_STREAM_MEDIA_TYPE): EVENT_STREAM,
             204: STREAM_FINISHED,
         },
-        problems=[exc.InvalidRequest, exc.ResponseNotFound, exc.EventHistoryExpired],
+        problems=[exc.InvalidRequest, exc.ResponseNotFound, exc.EventHistoryExpired, exc.TooManyStreams],
     )
     def get(self, request: Any, response_id: str) -> None:
         """Schema only."""

@@ -7,14 +7,17 @@ no business rules. Output serializers only render the wire objects.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlencode
 
+from django.http import HttpRequest
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from tasks_app.ids import TASK_PREFIX, is_prefixed_ulid
+from tasks_app.exceptions import InvalidRequest
+from tasks_app.ids import TASK_PREFIX
 from tasks_app.models import TaskType
 from tasks_app.states import RestartPolicy, TaskStatus
 from tasks_app.wire import events_url, response_object, task_object, unix_seconds
@@ -24,6 +27,7 @@ MAX_METADATA_PAIRS = 16
 MAX_METADATA_KEY = 64
 MAX_METADATA_VALUE = 512
 MAX_SEED = 2**64 - 1
+MAX_AFTER = 200
 ROLES = ("user", "system", "developer", "assistant")
 TEXT_PART_TYPES = ("input_text", "output_text")
 
@@ -76,6 +80,9 @@ class StrictIntegerField(serializers.IntegerField):
     default_error_messages = {"invalid": "A JSON integer is required."}
 
     def to_internal_value(self, data: Any) -> int:
+        # JSON has one number type: 5.0 is the integer 5 (as JSON Schema's "integer" says), 5.5 is not.
+        if isinstance(data, float) and data.is_integer():
+            data = int(data)
         if isinstance(data, bool) or not isinstance(data, int):
             self.fail("invalid")
         return super().to_internal_value(data)
@@ -208,6 +215,7 @@ class StopField(serializers.Field):
     {
         "type": "object",
         "maxProperties": MAX_METADATA_PAIRS,
+        "propertyNames": {"maxLength": MAX_METADATA_KEY},
         "additionalProperties": {"type": "string", "maxLength": MAX_METADATA_VALUE},
         "description": f"At most {MAX_METADATA_PAIRS} pairs; keys of at most {MAX_METADATA_KEY} characters.",
     }
@@ -227,25 +235,35 @@ class MetadataField(serializers.Field):
         return value
 
 
+@extend_schema_field({"type": "number", "exclusiveMinimum": 0, "maximum": 1})
+class TopPField(StrictFloatField):
+    """``top_p`` in (0, 1], the sampler's domain (``workers/backends/sampling.py``): 0 is refused up front."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(max_value=1.0, **kwargs)
+
+    def to_internal_value(self, data: Any) -> float:
+        value = super().to_internal_value(data)
+        if value <= 0.0:
+            raise serializers.ValidationError("must be greater than 0")
+        return value
+
+
 class ResponseRequestSerializer(StrictSerializer):
     """The response request of PROFILE.md section 3."""
 
-    model = StrictCharField(max_length=200)
+    # A name is matched as sent: trimmed, a 201-character name could pass as 200.
+    model = StrictCharField(min_length=1, max_length=200, trim_whitespace=False)
     input = ResponseInputField()
     instructions = StrictCharField(required=False, allow_null=True, allow_blank=True, trim_whitespace=False)
     max_output_tokens = StrictIntegerField(required=False, allow_null=True, min_value=1, max_value=1_000_000)
     temperature = StrictFloatField(required=False, allow_null=True, min_value=0.0, max_value=2.0)
-    top_p = StrictFloatField(required=False, allow_null=True, min_value=0.0, max_value=1.0)
+    top_p = TopPField(required=False, allow_null=True)
     seed = StrictIntegerField(required=False, allow_null=True, min_value=0, max_value=MAX_SEED)
     stop = StopField(required=False, allow_null=True)
     stream = StrictBooleanField(required=False, default=False)
     store = StrictBooleanField(required=False, default=True)
     metadata = MetadataField(required=False, allow_null=True)
-
-    def validate_top_p(self, value: float | None) -> float | None:
-        if value is not None and value <= 0.0:
-            raise serializers.ValidationError("must be greater than 0")
-        return value
 
 
 class TaskCreateInputSerializer(StrictSerializer):
@@ -260,28 +278,71 @@ class ListQuerySerializer(StrictSerializer):
     """``?limit=&after=`` of every list endpoint (query strings are text)."""
 
     limit = serializers.IntegerField(required=False, default=20, min_value=1, max_value=100)
-    after = serializers.CharField(required=False, max_length=200)
+    after = serializers.CharField(required=False, min_length=1, max_length=MAX_AFTER, trim_whitespace=False)
+
+
+# The query parameters' schemas where a plain string would say less than the server checks.
+MODEL_AFTER_SCHEMA = {"type": "string", "minLength": 1, "maxLength": MAX_AFTER}
+TASK_ID_PATTERN = rf"^{TASK_PREFIX}[0-7][0-9A-HJKMNP-TV-Z]{{25}}$"
+TASK_AFTER_SCHEMA = {"type": "string", "pattern": TASK_ID_PATTERN}
+_STATUS = f"(?:{'|'.join(TaskStatus.values)})"
+TASK_STATUS_SCHEMA = {"type": "string", "pattern": f"^{_STATUS}(?:,{_STATUS})*$"}
 
 
 class TaskListQuerySerializer(ListQuerySerializer):
-    status = serializers.CharField(required=False)
+    status = serializers.CharField(required=False, trim_whitespace=False)
 
     def validate_after(self, value: str) -> str:
-        if not is_prefixed_ulid(value, TASK_PREFIX):
+        # fullmatch: the id pattern's ``$`` would also match before a trailing newline.
+        if not re.fullmatch(TASK_ID_PATTERN, value):
             raise serializers.ValidationError("must be a task id")
         return value
 
     def validate_status(self, value: str) -> list[str]:
-        statuses = [item.strip() for item in value.split(",") if item.strip()]
-        unknown = [s for s in statuses if s not in TaskStatus.values]
-        if not statuses or unknown:
-            raise serializers.ValidationError(f"must be one or more of {', '.join(TaskStatus.values)}")
-        return statuses
+        if not re.fullmatch(TASK_STATUS_SCHEMA["pattern"], value):
+            raise serializers.ValidationError(f"must be one or more of {', '.join(TaskStatus.values)}, comma-separated")
+        return value.split(",")
 
 
 class PairInputSerializer(StrictSerializer):
-    code = StrictCharField(max_length=32)
-    client_name = StrictCharField(max_length=100)
+    """A pairing code to trade for a new client's token (PROFILE.md section 1)."""
+
+    # Not trimmed here: the service normalises the code and the name (so the schema's lengths hold as sent).
+    code = StrictCharField(min_length=1, max_length=32, trim_whitespace=False)
+    client_name = StrictCharField(min_length=1, max_length=100, trim_whitespace=False)
+
+
+_CURSOR = re.compile(r"[0-9]{1,10}")
+MAX_CURSOR = 2**31 - 1
+
+
+def stream_cursor(request: HttpRequest) -> tuple[int | None, str]:
+    """The resume cursor and where it came from; the header wins (a browser's reconnect sends it).
+
+    Every cursor that is sent must be a sequence number, an empty one and
+    the one the header outranks too: the schema says integer for both, and a
+    value the server would not read is refused rather than ignored.
+    """
+    header = request.META.get("HTTP_LAST_EVENT_ID")
+    sent = [
+        (field, raw)
+        for field, raw in (
+            ("Last-Event-ID", header.strip() if header is not None else None),
+            ("starting_after", request.GET.get("starting_after")),
+        )
+        if raw is not None
+    ]
+    cursors = [(_cursor_value(field, raw), field) for field, raw in sent]
+    return cursors[0] if cursors else (None, "starting_after")
+
+
+def _cursor_value(field: str, raw: str) -> int:
+    if not _CURSOR.fullmatch(raw) or int(raw) > MAX_CURSOR:
+        raise InvalidRequest(
+            f"{field} must be the sequence_number of an event (a non-negative integer)",
+            errors=[{"field": field, "message": "must be a non-negative integer"}],
+        )
+    return int(raw)
 
 
 class TaskOutputSerializer(serializers.BaseSerializer):

@@ -8,18 +8,27 @@ headers, marked with where to follow; ``EventStreamMiddleware`` sends those
 headers, lets Django finish the request (thread, connection and signals are
 released), and then writes the events itself until the terminal event or the
 client's disconnect.
+
+Open streams are limited per client and per process (``StreamSlots``): a
+view takes a slot before it answers a stream (``stream_slot_take``), and
+the middleware gives it back when the request ends, however it ends (the
+terminal event, the client's disconnect or reset, a failure, the server's
+shutdown).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, MutableMapping
+import threading
+from collections.abc import AsyncGenerator, Awaitable, Callable, MutableMapping
 from typing import Any
 
+from django.conf import settings
 from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 
 from tasks_app.event_feeds import follow
+from tasks_app.exceptions import TooManyStreams
 
 logger = logging.getLogger(__name__)
 
@@ -34,23 +43,114 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 # openai's parse a block holding only ``retry`` as an event with empty data.)
 STREAM_OPENED = b": stream opened\n\n"
 SCOPE_KEY = "lmsp.event_streams"
+SLOTS_KEY = "lmsp.stream_slots"
 FOLLOW_HEADER = "x-lmsp-follow"
 
 
-def event_stream(request: HttpRequest, task_id: str, after: int) -> HttpResponse:
-    """The response of a view that streams ``task_id``'s events after ``after``."""
+class StreamSlot:
+    """One open stream's place in the limits; giving it back twice is harmless."""
+
+    __slots__ = ("_released", "_slots", "holder")
+
+    def __init__(self, slots: StreamSlots, holder: str) -> None:
+        self._slots = slots
+        self.holder = holder
+        self._released = False
+
+    def release(self) -> None:
+        if not self._released:
+            self._released = True
+            self._slots._release(self.holder)
+
+
+class StreamSlots:
+    """The open event streams of this web process, counted per holder (a client, a staff session).
+
+    In memory: a process that dies takes its counts with it, so no slot can
+    outlive its stream. With several web processes each counts its own.
+    """
+
+    def __init__(self) -> None:
+        # The views take slots on the event loop; Django's test client gives them back from its threads.
+        self._lock = threading.Lock()
+        self._by_holder: dict[str, int] = {}
+        self.total = 0
+
+    def acquire(self, holder: str) -> StreamSlot:
+        """A slot for one more stream of ``holder``, or ``TooManyStreams``."""
+        per_client = settings.LMSP_MAX_STREAMS_PER_CLIENT
+        per_process = settings.LMSP_MAX_STREAMS_PER_PROCESS
+        with self._lock:
+            held = self._by_holder.get(holder, 0)
+            if held >= per_client:
+                raise _too_many(f"this client has {held} open (at most {per_client})")
+            if self.total >= per_process:
+                raise _too_many(f"this server has {self.total} open (at most {per_process})")
+            self._by_holder[holder] = held + 1
+            self.total += 1
+        return StreamSlot(self, holder)
+
+    def _release(self, holder: str) -> None:
+        with self._lock:
+            left = self._by_holder[holder] - 1
+            if left:
+                self._by_holder[holder] = left
+            else:
+                del self._by_holder[holder]
+            self.total -= 1
+
+
+def _too_many(why: str) -> TooManyStreams:
+    wait = settings.LMSP_STREAM_LIMIT_RETRY_AFTER_SECONDS
+    return TooManyStreams(
+        f"Too many open event streams: {why}; close one, or retry in {wait} s",
+        headers={"Retry-After": str(wait)},
+    )
+
+
+stream_slots = StreamSlots()
+
+
+def _middleware_scope(request: HttpRequest) -> Scope | None:
     scope = getattr(request, "scope", None)
-    if scope is not None and scope.get(SCOPE_KEY):
+    return scope if scope is not None and scope.get(SCOPE_KEY) else None
+
+
+def stream_slot_take(request: HttpRequest, holder: str) -> StreamSlot:
+    """A slot for one more open stream of ``holder`` (or ``TooManyStreams``), given back when the request ends.
+
+    Without the middleware (Django's test client) the view gives it back
+    itself, or the stream's body does when it ends.
+    """
+    slot = stream_slots.acquire(holder)
+    scope = _middleware_scope(request)
+    if scope is not None:
+        scope.setdefault(SLOTS_KEY, []).append(slot)
+    return slot
+
+
+def event_stream(request: HttpRequest, task_id: str, after: int, slot: StreamSlot) -> HttpResponse:
+    """The response of a view that streams ``task_id``'s events after ``after``; ``slot`` goes with the stream."""
+    if _middleware_scope(request) is not None:
         response = HttpResponse(status=200)
         response[FOLLOW_HEADER] = f"{task_id} {after}"
     else:
         # Without the middleware (Django's test client): Django streams it.
-        response = StreamingHttpResponse(follow(task_id, after, preamble=STREAM_OPENED))
+        response = StreamingHttpResponse(_releasing(follow(task_id, after, preamble=STREAM_OPENED), slot))
     response["Content-Type"] = "text/event-stream; charset=utf-8"
     response["Cache-Control"] = "no-cache"
     # Tells nginx-style proxies not to buffer the stream.
     response["X-Accel-Buffering"] = "no"
     return response
+
+
+async def _releasing(body: AsyncGenerator[bytes, None], slot: StreamSlot) -> AsyncGenerator[bytes, None]:
+    try:
+        async for chunk in body:
+            yield chunk
+    finally:
+        slot.release()
+        await body.aclose()
 
 
 class EventStreamMiddleware:
@@ -64,6 +164,15 @@ class EventStreamMiddleware:
             await self.app(scope, receive, send)
             return
         scope[SCOPE_KEY] = True
+        try:
+            await self._serve_http(scope, receive, send)
+        finally:
+            # However the request ended: the terminal event, a disconnect, a failure, or the task
+            # cancelled by the server's shutdown.
+            for slot in scope.pop(SLOTS_KEY, ()):
+                slot.release()
+
+    async def _serve_http(self, scope: Scope, receive: Receive, send: Send) -> None:
         target: tuple[str, int] | None = None
 
         async def send_headers_only(message: Message) -> None:

@@ -5,57 +5,57 @@ open or a generation runs; the database reads of streams and waits go to
 ``dbpool``. The DRF parts (accepting a request, the plain response object)
 run as ordinary request code. Everything decided before the first byte
 (auth, cursor, 404, 410) is an ordinary problem response; once the stream
-has started, it only ever carries events.
+has started, it only ever carries events. That includes the limit on open
+streams: a stream takes its slot (``sse.stream_slot_take``) before it answers,
+and ``POST /responses`` that asks to stream takes it before the task is
+created, so a refused request has written nothing.
 """
 
 from __future__ import annotations
 
-import re
+import io
 
 from asgiref.sync import sync_to_async
 from django.db import connection
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.csrf import csrf_exempt
+from rest_framework.exceptions import APIException
 from rest_framework.renderers import JSONRenderer
 
 from tasks_app import selectors, states
+from tasks_app.api.parsers import StrictJSONParser
 from tasks_app.api.problems import problem_json_response
-from tasks_app.api.sse import event_stream
+from tasks_app.api.serializers import stream_cursor
+from tasks_app.api.sse import StreamSlot, event_stream, stream_slot_take
 from tasks_app.api.views import ResponseCreateView, ResponseDetailView
-from tasks_app.auth import stream_reader_authenticate
+from tasks_app.auth import BearerTokenAuthentication, StreamReader, stream_reader_authenticate
 from tasks_app.dbpool import run_db
-from tasks_app.exceptions import InvalidRequest, LmspError, MethodNotAllowed
+from tasks_app.exceptions import InvalidRequest, LmspError, MethodNotAllowed, Unauthorized
+from tasks_app.models import Client
 from tasks_app.selectors import StreamStart
 from tasks_app.services.responses import ResponseStarted, response_finish, response_task_finished
 from tasks_app.wakeups import Watch
 
-_CURSOR = re.compile(r"[0-9]{1,10}")
-_MAX_CURSOR = 2**31 - 1
+
+def _client_holder(client: Client) -> str:
+    return f"client:{client.pk}"
 
 
-def stream_cursor(request: HttpRequest) -> tuple[int | None, str]:
-    """The resume cursor and where it came from; the header wins (a browser's reconnect sends it)."""
-    raw = request.META.get("HTTP_LAST_EVENT_ID", "").strip()
-    field = "Last-Event-ID"
-    if not raw:
-        raw, field = request.GET.get("starting_after", ""), "starting_after"
-        if raw == "":
-            return None, field
-    if not _CURSOR.fullmatch(raw) or int(raw) > _MAX_CURSOR:
-        raise InvalidRequest(
-            f"{field} must be the sequence_number of an event (a non-negative integer)",
-            errors=[{"field": field, "message": "must be a non-negative integer"}],
-        )
-    return int(raw), field
+def _stream_holder(request: HttpRequest, reader: StreamReader) -> str:
+    """Whose limit a stream counts against: its client (bearer or stream token), else the staff session."""
+    if reader.client is not None:
+        return _client_holder(reader.client)
+    return f"session:{request.session.session_key}"
 
 
 def _open_stream(
     request: HttpRequest, *, task_id: str | None = None, response_id: str | None = None
-) -> tuple[str, StreamStart]:
+) -> tuple[str, StreamStart, str]:
     reader = stream_reader_authenticate(request)
     after, field = stream_cursor(request)
     task = selectors.task_get_streamable(reader=reader, task_id=task_id, response_id=response_id)
-    return task.pk, selectors.task_stream_start(task=task, after=after, cursor_field=field)
+    start = selectors.task_stream_start(task=task, after=after, cursor_field=field)
+    return task.pk, start, _stream_holder(request, reader)
 
 
 def _replay_start(request: HttpRequest, *, task_id: str) -> StreamStart:
@@ -65,10 +65,15 @@ def _replay_start(request: HttpRequest, *, task_id: str) -> StreamStart:
 
 
 def event_stream_response(
-    request: HttpRequest, task_id: str, start: StreamStart, headers: dict[str, str] | None = None
+    request: HttpRequest, task_id: str, start: StreamStart, slot: StreamSlot, headers: dict[str, str] | None = None
 ) -> HttpResponse:
-    # The client has the terminal event: 204 tells an EventSource to stop.
-    response = HttpResponse(status=204) if start.finished else event_stream(request, task_id, start.after)
+    """The stream after ``start``, which takes ``slot`` with it; or 204, which gives it back."""
+    if start.finished:
+        # The client has the terminal event: 204 tells an EventSource to stop.
+        slot.release()
+        response = HttpResponse(status=204)
+    else:
+        response = event_stream(request, task_id, start.after, slot)
     for name, value in (headers or {}).items():
         response[name] = value
     return response
@@ -82,10 +87,13 @@ async def _serve_stream(
         error = MethodNotAllowed(f"Method {request.method} is not allowed here", headers={"Allow": "GET"})
         return problem_json_response(error, request)
     try:
-        task_id, start = await run_db(_open_stream, request, task_id=task_id, response_id=response_id)
+        task_id, start, holder = await run_db(_open_stream, request, task_id=task_id, response_id=response_id)
+        if start.finished:
+            return HttpResponse(status=204)
+        slot = stream_slot_take(request, holder)
     except LmspError as error:
         return problem_json_response(error, request)
-    return event_stream_response(request, task_id, start)
+    return event_stream_response(request, task_id, start, slot)
 
 
 @csrf_exempt
@@ -135,6 +143,36 @@ async def response_detail(request: HttpRequest, response_id: str) -> HttpRespons
     return await _serve_stream(request, response_id=response_id)
 
 
+def _bearer_holder(request: HttpRequest) -> str:
+    """The holder of the request's bearer token; ``Unauthorized`` without a valid one."""
+    found = BearerTokenAuthentication().authenticate(request)
+    if found is None:
+        raise Unauthorized("An 'Authorization: Bearer <token>' header is required")
+    return _client_holder(found[0])
+
+
+def _asks_to_stream(request: HttpRequest) -> bool:
+    """Whether a ``POST /responses`` body asks to stream, read with the view's own parser.
+
+    Read before the view runs, so that a stream over the limit is refused
+    before its task exists. A body the parser refuses asks for nothing: the
+    view refuses it too.
+    """
+    try:
+        body = StrictJSONParser().parse(io.BytesIO(request.body))
+    except (APIException, LmspError):
+        return False
+    return body.get("stream") is True
+
+
+def _create_stream_holder(request: HttpRequest) -> str | None:
+    """Whose limit a streaming ``POST /responses`` counts against; None without a valid token (the view answers 401)."""
+    try:
+        return _bearer_holder(request)
+    except LmspError:
+        return None
+
+
 @csrf_exempt
 async def responses_create(request: HttpRequest) -> HttpResponse:
     """``POST /responses``: accept as a task; stream its events, or wait for it and answer the response.
@@ -142,12 +180,19 @@ async def responses_create(request: HttpRequest) -> HttpResponse:
     Waiting holds no thread: wake-ups of the task's end (or, failing those,
     a periodic read) end the wait.
     """
+    holder = await run_db(_create_stream_holder, request) if _asks_to_stream(request) else None
+    try:
+        slot = stream_slot_take(request, holder) if holder is not None else None
+    except LmspError as error:
+        return problem_json_response(error, request)
     response = await sync_to_async(_accepted)(request)
     started: ResponseStarted | None = getattr(response, "lmsp_started", None)
+    if started is not None and started.stream:
+        return await _stream_started(request, started, slot)
+    if slot is not None:
+        slot.release()
     if started is None:
         return response
-    if started.stream:
-        return await _stream_started(request, started)
     with Watch(started.task_id, statuses=states.TERMINAL) as watch:
         while not await run_db(response_task_finished, task_id=started.task_id):
             await watch.wait(watch.hub.poll_interval())
@@ -155,12 +200,19 @@ async def responses_create(request: HttpRequest) -> HttpResponse:
     return HttpResponse(JSONRenderer().render(reply.body), status=reply.status, content_type="application/json")
 
 
-async def _stream_started(request: HttpRequest, started: ResponseStarted) -> HttpResponse:
+async def _stream_started(request: HttpRequest, started: ResponseStarted, slot: StreamSlot | None) -> HttpResponse:
+    if slot is None:
+        # Not reached while the look at the body reads it as the view does; if it ever is, count it all the same.
+        try:
+            slot = stream_slot_take(request, await run_db(_bearer_holder, request))
+        except LmspError as error:
+            return problem_json_response(error, request)
     if not started.replayed:
-        return event_stream_response(request, started.task_id, StreamStart(after=-1))
+        return event_stream_response(request, started.task_id, StreamStart(after=-1), slot)
     # A retry of a streamed request: the first request's events, from its cursor.
     try:
         start = await run_db(_replay_start, request, task_id=started.task_id)
     except LmspError as error:
+        slot.release()
         return problem_json_response(error, request)
-    return event_stream_response(request, started.task_id, start, headers={"Idempotent-Replayed": "true"})
+    return event_stream_response(request, started.task_id, start, slot, headers={"Idempotent-Replayed": "true"})

@@ -5,7 +5,6 @@ from __future__ import annotations
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse
 from rest_framework.request import Request
 from rest_framework.response import Response
-from rest_framework.throttling import AnonRateThrottle
 from rest_framework.views import APIView
 
 from tasks_app import exceptions as exc
@@ -20,6 +19,9 @@ from tasks_app.api.schema_components import (
     TaskSchema,
 )
 from tasks_app.api.serializers import (
+    MODEL_AFTER_SCHEMA,
+    TASK_AFTER_SCHEMA,
+    TASK_STATUS_SCHEMA,
     ClientOutputSerializer,
     ListQuerySerializer,
     ModelOutputSerializer,
@@ -31,7 +33,9 @@ from tasks_app.api.serializers import (
     TaskListQuerySerializer,
     TaskOutputSerializer,
     list_body,
+    stream_cursor,
 )
+from tasks_app.api.throttles import PairThrottle
 from tasks_app.services.capabilities import capabilities_describe
 from tasks_app.services.clients import pairing_code_redeem
 from tasks_app.services.idempotency import idempotency_key_validate, request_digest
@@ -92,6 +96,7 @@ class TaskCollectionView(ScopedAPIView):
             exc.IdempotencyKeyInUse,
             exc.IdempotencyKeyReused,
             exc.QueueFull,
+            exc.DatabaseBusy,
         ],
     )
     def post(self, request: Request) -> Response:
@@ -117,10 +122,12 @@ class TaskCollectionView(ScopedAPIView):
             TaskListQuerySerializer,
             OpenApiParameter(
                 "status",
-                str,
+                TASK_STATUS_SCHEMA,
                 description=f"Only tasks in these states, comma-separated: {', '.join(TaskStatus.values)}.",
             ),
-            OpenApiParameter("after", str, description="A task id: the page after it (the last page's `last_id`)."),
+            OpenApiParameter(
+                "after", TASK_AFTER_SCHEMA, description="A task id: the page after it (the last page's `last_id`)."
+            ),
         ],
         request=None,
         responses={200: TaskListSchema},
@@ -184,7 +191,7 @@ class TaskCancelView(ScopedAPIView):
         parameters=[TASK_ID],
         request=None,
         responses={200: TaskSchema},
-        problems=[exc.TaskNotFound, exc.TaskNotCancelable],
+        problems=[exc.TaskNotFound, exc.TaskNotCancelable, exc.DatabaseBusy],
     )
     def post(self, request: Request, task_id: str) -> Response:
         task = selectors.task_get_visible(client=request.user, task_id=task_id)
@@ -204,6 +211,9 @@ class ResponseCreateView(ScopedAPIView):
 
     def post(self, request: Request) -> Response:
         key = idempotency_key_validate(request.headers.get("Idempotency-Key"))
+        # Only a streamed retry reads the cursor, but a malformed one is refused on every request,
+        # before anything is written, rather than silently ignored.
+        stream_cursor(request)
         data = _validated(ResponseRequestSerializer, request.data)
         started = response_start(
             client=request.user,
@@ -224,6 +234,8 @@ class ResponseDetailView(ScopedAPIView):
     scopes_by_method = {"GET": READ}
 
     def get(self, request: Request, response_id: str) -> Response:
+        # The object ignores a cursor, but a malformed one is refused here as on the stream.
+        stream_cursor(request)
         response = selectors.response_get_visible(client=request.user, response_id=response_id)
         return Response(ResponseOutputSerializer(response).data)
 
@@ -251,7 +263,9 @@ class ModelListView(ScopedAPIView):
         description="Unknown query parameters are refused.",
         parameters=[
             ListQuerySerializer,
-            OpenApiParameter("after", str, description="A model id: the page after it (the last page's `last_id`)."),
+            OpenApiParameter(
+                "after", MODEL_AFTER_SCHEMA, description="A model id: the page after it (the last page's `last_id`)."
+            ),
         ],
         request=None,
         responses={200: ModelListSchema},
@@ -263,10 +277,6 @@ class ModelListView(ScopedAPIView):
         return Response(list_body(ModelOutputSerializer(page.items, many=True).data, page.has_more))
 
 
-class PairThrottle(AnonRateThrottle):
-    scope = "pair"
-
-
 class PairView(ScopedAPIView):
     scopes_by_method = {"POST": None}
     authentication_classes: list = []
@@ -276,10 +286,11 @@ class PairView(ScopedAPIView):
         operation_id="pair_create",
         summary="Redeem a pairing code for a token",
         description="Trades a one-time code from `lmsp_pair` for a new client's token, shown this once. "
-        "A used, expired or unknown code, or a taken name, is `400`. Rate-limited per address.",
+        "A used, expired, unknown or locked code, or a taken name, is `400`. Every wrong code counts "
+        "against each pending code, which locks after a few; and requests are rate-limited per address.",
         request=PairInputSerializer,
         responses={201: PairedClientSchema},
-        problems=[exc.InvalidRequest, exc.RateLimited],
+        problems=[exc.InvalidRequest, exc.RateLimited, exc.RateLimitUnavailable],
     )
     def post(self, request: Request) -> Response:
         data = _validated(PairInputSerializer, request.data)

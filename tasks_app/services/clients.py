@@ -3,16 +3,24 @@
 from __future__ import annotations
 
 import hashlib
+import logging
 import secrets
 from collections.abc import Iterable
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, OperationalError, transaction
+from django.db.models import F, QuerySet
 from django.utils import timezone
 
+from tasks_app.db_locks import is_lock_timeout, lock_wait
 from tasks_app.exceptions import InvalidRequest
 from tasks_app.models import Client, PairingCode
+
+logger = logging.getLogger(__name__)
+
+# How long recording a client's last use may wait for the lock before it is skipped.
+TOUCH_LOCK_WAIT_SECONDS = 0.2
 
 SCOPES = ("responses", "read", "admin")
 TOKEN_PREFIX = "lmsp_"
@@ -93,7 +101,15 @@ def client_touch(*, client: Client) -> None:
     resolution = timedelta(seconds=settings.LMSP_CLIENT_LAST_USED_RESOLUTION_SECONDS)
     if client.last_used_at is not None and now - client.last_used_at < resolution:
         return
-    Client.objects.filter(pk=client.pk).update(last_used_at=now)
+    # A statistic, not worth a read request's 503: behind a writer frozen with the lock, skip it.
+    try:
+        with lock_wait(TOUCH_LOCK_WAIT_SECONDS), transaction.atomic():
+            Client.objects.filter(pk=client.pk).update(last_used_at=now)
+    except OperationalError as error:
+        if not is_lock_timeout(error):
+            raise
+        logger.info("client %s: last use not recorded, the database is locked by another writer", client.pk)
+        return
     client.last_used_at = now
 
 
@@ -115,24 +131,49 @@ def pairing_code_create(*, scopes: Iterable[str] | str, ttl_seconds: int | None 
 
 
 def pairing_code_redeem(*, code: str, client_name: str) -> tuple[Client, str]:
-    """Trade an unused, unexpired code for a new client and its token.
+    """Trade an unused, unexpired, unlocked code for a new client and its token.
 
     The code is consumed by a conditional UPDATE, so two concurrent redeems
     of one code cannot both succeed; a failure after it rolls the use back.
+    A wrong code counts as a failed attempt against every pending code, in
+    the same transaction as the refused UPDATE, so each code meets at most
+    ``LMSP_PAIRING_MAX_FAILURES`` wrong guesses however many arrive at once.
     """
     now = timezone.now()
     digest = token_digest(_code_normalise(code))
     with transaction.atomic():
-        used = PairingCode.objects.filter(code_hash=digest, used_at__isnull=True, expires_at__gt=now).update(
-            used_at=now
-        )
-        if not used:
-            raise InvalidRequest(
-                "the pairing code is unknown, used or expired",
-                errors=[{"field": "code", "message": "unknown, used or expired"}],
-            )
-        pairing = PairingCode.objects.get(code_hash=digest)
-        client, token = client_create(name=client_name, scopes=pairing.scopes)
-        pairing.client = client
-        pairing.save(update_fields=["client"])
+        taken = _pairing_codes_redeemable(now).filter(code_hash=digest).update(used_at=now)
+        if not taken:
+            refusal = _pairing_failure_record(digest=digest, now=now)
+        else:
+            pairing = PairingCode.objects.get(code_hash=digest)
+            client, token = client_create(name=client_name, scopes=pairing.scopes)
+            pairing.client = client
+            pairing.save(update_fields=["client"])
+    if not taken:
+        raise refusal
     return client, token
+
+
+def _pairing_codes_redeemable(now: datetime) -> QuerySet[PairingCode]:
+    return PairingCode.objects.filter(
+        used_at__isnull=True, expires_at__gt=now, failed_attempts__lt=settings.LMSP_PAIRING_MAX_FAILURES
+    )
+
+
+def _pairing_failure_record(*, digest: str, now: datetime) -> InvalidRequest:
+    """Count a refused code against every pending code; the refusal to raise once that is committed."""
+    limit = settings.LMSP_PAIRING_MAX_FAILURES
+    pending = PairingCode.objects.filter(code_hash=digest, used_at__isnull=True, expires_at__gt=now)
+    locked = pending.filter(failed_attempts__gte=limit).exists()
+    _pairing_codes_redeemable(now).update(failed_attempts=F("failed_attempts") + 1)
+    if locked:
+        # Naming it gives nothing away: a locked code can never be redeemed.
+        return InvalidRequest(
+            "the pairing code is locked after too many failed attempts; make a new one with lmsp_pair",
+            errors=[{"field": "code", "message": "locked"}],
+        )
+    return InvalidRequest(
+        "the pairing code is unknown, used or expired",
+        errors=[{"field": "code", "message": "unknown, used or expired"}],
+    )

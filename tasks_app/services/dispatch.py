@@ -10,7 +10,8 @@ sweeper, which re-sends every queued task that has no dispatch marker
 from __future__ import annotations
 
 import logging
-from datetime import timedelta
+import time
+from datetime import datetime, timedelta
 from functools import partial
 
 import redis
@@ -19,7 +20,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from tasks_app import broker, states
+from tasks_app import broker, dispatch_sender, states
 from tasks_app.models import Task
 from tasks_app.querying import status_in
 from tasks_app.states import TaskStatus
@@ -42,38 +43,76 @@ def task_dispatch(*, task_id: str) -> bool:
 
 
 def task_dispatch_on_commit(*, task_id: str) -> None:
-    """Dispatch once the current transaction commits: a worker must find the row."""
-    transaction.on_commit(partial(task_dispatch, task_id=task_id))
+    """Dispatch once the current transaction commits: a worker must find the row.
+
+    In a web process the send is handed to its background sender
+    (``tasks_app.dispatch_sender``), so the ``202`` never waits for Redis;
+    elsewhere it is made inline.
+    """
+    transaction.on_commit(partial(_dispatch_committed, task_id=task_id))
 
 
-def queued_tasks_sweep(*, grace_seconds: int | None = None) -> list[str]:
+def _dispatch_committed(*, task_id: str) -> None:
+    if not dispatch_sender.dispatch_sender_submit(task_id=task_id):
+        task_dispatch(task_id=task_id)
+
+
+def queued_tasks_sweep(*, grace_seconds: int | None = None, budget_seconds: float | None = None) -> list[str]:
     """Re-dispatch waiting tasks older than the grace period that no message vouches for.
 
     Waiting means queued, or left by recovery without a worker to be resumed
     (``running``/``cancelling`` with an empty ``worker``). Returns the ids
     sent. The grace period keeps the sweeper from racing the dispatch that
-    follows a task's creation or recovery.
+    follows a task's creation or recovery. Pages of ``SWEEP_BATCH`` are
+    swept, oldest first, until the budget is spent, so a backlog (a large
+    recovery) drains over a few rounds without holding up the other jobs.
     """
     grace = settings.LMSP_SWEEP_GRACE_SECONDS if grace_seconds is None else grace_seconds
+    budget = settings.LMSP_SWEEP_BUDGET_SECONDS if budget_seconds is None else budget_seconds
+    deadline = time.monotonic() + budget
     cutoff = timezone.now() - timedelta(seconds=grace)
+    sent: list[str] = []
+    after = ""
+    while True:
+        candidates = _sweep_candidates(cutoff, after)
+        if not candidates:
+            break
+        page_sent = _sweep_page(candidates, deadline)
+        if page_sent is None:
+            break
+        sent += page_sent
+        if len(candidates) < SWEEP_BATCH or time.monotonic() >= deadline:
+            break
+        after = candidates[-1]
+    if sent:
+        logger.info("sweeper re-dispatched %d waiting task(s): %s", len(sent), ", ".join(sent[:10]))
+    return sent
+
+
+def _sweep_candidates(cutoff: datetime, after: str) -> list[str]:
     # The statuses stand on their own (not only inside the OR) so that SQLite
     # reads them through the partial index of unfinished tasks.
     waiting = status_in([TaskStatus.QUEUED, *states.ORPHANABLE])
     unheld = Q(status=TaskStatus.QUEUED) | Q(worker="")
-    candidates = list(
-        Task.objects.filter(waiting, unheld, updated_at__lte=cutoff)
+    return list(
+        Task.objects.filter(waiting, unheld, updated_at__lte=cutoff, id__gt=after)
         .order_by("id")
         .values_list("id", flat=True)[:SWEEP_BATCH]
     )
-    if not candidates:
-        return []
+
+
+def _sweep_page(candidates: list[str], deadline: float) -> list[str] | None:
+    """Send the unmarked ones until the deadline; None when Redis cannot be reached."""
     try:
         marked = broker.dispatch_markers_present(task_ids=candidates)
     except redis.RedisError as exc:
         logger.warning("sweeper cannot reach Redis: %s", exc)
-        return []
-    unmarked = [task_id for task_id, has in zip(candidates, marked, strict=True) if not has]
-    sent = [task_id for task_id in unmarked if task_dispatch(task_id=task_id)]
-    if sent:
-        logger.info("sweeper re-dispatched %d waiting task(s): %s", len(sent), ", ".join(sent[:10]))
+        return None
+    sent = []
+    for task_id, has in zip(candidates, marked, strict=True):
+        if has:
+            continue
+        if time.monotonic() >= deadline or not task_dispatch(task_id=task_id):
+            break
+        sent.append(task_id)
     return sent

@@ -1,9 +1,20 @@
 """Recovery of unfinished tasks: at startup (``lmsp_recover``) and after a worker died (the reaper).
 
 Both apply chapter 11.3's table (``states.RECOVERY``) to tasks no live
-worker holds, one task per transaction, each move a compare-and-set on the
-status, worker and heartbeat that were read, so a worker that is alive after
-all (its heartbeat moved) keeps its task.
+worker holds, a page of tasks per transaction (``lifecycle.tasks_recover``),
+each move a compare-and-set on the status, worker and heartbeat that were
+read, so a worker that is alive after all (its heartbeat moved) keeps its
+task. A crash in the middle leaves every task moved with its event or
+untouched; running it again moves only what is left.
+
+No round waits long on a lock a frozen writer holds: each page waits at most
+``LMSP_MAINTENANCE_LOCK_TIMEOUT_SECONDS``; PostgreSQL skips the locked rows,
+SQLite (one lock for all) gives up the page, and the next round (the
+reaper's) or the next try (startup's) takes them.
+
+Tasks that run again are dispatched after their page commits, for at most
+``LMSP_RECOVER_DISPATCH_SECONDS`` in all; the sweeper sends the rest (a
+message is only a hint; the task is already durable and queued).
 
 Which tasks are leftovers differs:
 
@@ -26,23 +37,26 @@ in a loop.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
+import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
 from django.utils import timezone
 
 from tasks_app import broker, lifecycle, states
-from tasks_app.exceptions import ServerRestarted
+from tasks_app.db_locks import lock_wait, stale_before
+from tasks_app.exceptions import DatabaseBusy, ServerRestarted
+from tasks_app.lifecycle import RecoveryMove
 from tasks_app.models import Task
 from tasks_app.querying import status_in
-from tasks_app.services.dispatch import task_dispatch_on_commit
+from tasks_app.services.dispatch import task_dispatch
 from tasks_app.states import RestartPolicy, TaskStatus
 
 logger = logging.getLogger(__name__)
@@ -59,7 +73,12 @@ LEFT_QUEUED = "left queued"
 WAITING = "left waiting to resume"
 LIVE = "held by a live worker"
 LOST_RACE = "moved on meanwhile"
-LABELS = (FAILED, CANCELLED, REQUEUED, RESUMED, LEFT_QUEUED, WAITING, LIVE, LOST_RACE)
+BUSY = "locked by another writer (next round)"
+LABELS = (FAILED, CANCELLED, REQUEUED, RESUMED, LEFT_QUEUED, WAITING, LIVE, LOST_RACE, BUSY)
+_MOVED_LABEL = {S.FAILED: FAILED, S.CANCELLED: CANCELLED, S.QUEUED: REQUEUED, S.RUNNING: RESUMED}
+
+# A startup page the write lock was not granted for is tried again this often (SQLite: a frozen writer).
+STARTUP_PAGE_TRIES = 10
 
 
 @dataclass
@@ -69,6 +88,9 @@ class RecoverySummary:
     counts: Counter[str] = field(default_factory=Counter)
     task_ids: dict[str, list[str]] = field(default_factory=dict)
     live_workers: tuple[str, ...] = ()
+    dispatched: int = 0
+    """Tasks that run again and were sent to the workers; the sweeper sends the others."""
+    to_dispatch: list[str] = field(default_factory=list)
 
     def add(self, label: str, task_id: str) -> None:
         self.counts[label] += 1
@@ -79,7 +101,11 @@ class RecoverySummary:
         return sum(self.counts[label] for label in (FAILED, CANCELLED, REQUEUED, RESUMED))
 
     def lines(self) -> list[str]:
-        return [f"{label}: {self.counts[label]}" for label in LABELS]
+        lines = [f"{label}: {self.counts[label]}" for label in LABELS]
+        left = len(self.to_dispatch) - self.dispatched
+        if left:
+            lines.append(f"left for the sweeper to dispatch: {left}")
+        return lines
 
 
 @dataclass(frozen=True)
@@ -117,34 +143,36 @@ def live_workers_inspect(*, timeout: float | None = None) -> LiveWorkers:
     return LiveWorkers(report.nodes, task_ids, asked_at, silent=report.nodes - frozenset(report.running))
 
 
-def _rows(statuses: tuple[str, ...], batch_size: int, **filters: Any) -> Iterator[dict[str, Any]]:
-    """Unfinished tasks in id order, read in chunks (keyset pagination on the partial index)."""
+def _pages(statuses: tuple[str, ...], batch_size: int, **filters: Any) -> Iterator[list[dict[str, Any]]]:
+    """Unfinished tasks in id order, a page at a time (keyset pagination on the partial index)."""
     after = ""
     while True:
-        chunk = list(
+        page = list(
             Task.objects.filter(status_in(statuses), id__gt=after, **filters)
             .order_by("id")
             .values(*_FIELDS)[:batch_size]
         )
-        yield from chunk
-        if len(chunk) < batch_size:
+        if page:
+            yield page
+        if len(page) < batch_size:
             return
-        after = chunk[-1]["id"]
+        after = page[-1]["id"]
 
 
-def _problem(found: str, reason: str, *, attempts_left: bool) -> dict[str, Any]:
+@functools.lru_cache(maxsize=256)
+def _problem(found: str, reason: str, *, attempts_left: bool, max_attempts: int) -> dict[str, Any]:
     if not attempts_left:
         detail = (
             f"The task was {found} when {reason}, and it has been started "
-            f"{settings.LMSP_MAX_ATTEMPTS} times already; it is not run again"
+            f"{max_attempts} times already; it is not run again"
         )
     else:
         detail = f"The task was {found} when {reason}"
     return ServerRestarted(detail).to_problem()
 
 
-def _move(row: dict[str, Any], *, reason: str, summary: RecoverySummary) -> None:
-    """Apply the table to one task, in its own transaction."""
+def _plan(row: dict[str, Any], *, reason: str) -> RecoveryMove | None:
+    """The table's move for one task (None: already waiting to be adopted, only send it again)."""
     found = TaskStatus(row["status"])
     target = states.recovery_target(found, RestartPolicy(row["on_restart"]))
     runs_again = target in states.RUNS_AGAIN and found != S.QUEUED
@@ -152,55 +180,106 @@ def _move(row: dict[str, Any], *, reason: str, summary: RecoverySummary) -> None
     if runs_again and not attempts_left:
         target = S.FAILED
     if found == S.RUNNING and target == S.RUNNING and row["worker"] == "":
-        # Already waiting for a worker to adopt it: only send it again.
-        task_dispatch_on_commit(task_id=row["id"])
-        summary.add(WAITING, row["id"])
-        return
-    with transaction.atomic():
-        result = lifecycle.task_recover(
-            task_id=row["id"],
-            found=found,
-            to=target,
-            worker=row["worker"],
-            heartbeat_at=row["heartbeat_at"],
-            error=_problem(found, reason, attempts_left=attempts_left) if target == S.FAILED else None,
-        )
-        if not result.won:
-            summary.add(LOST_RACE, row["id"])
-            return
-        if target in states.RUNS_AGAIN:
-            task_dispatch_on_commit(task_id=row["id"])
-    label = {S.FAILED: FAILED, S.CANCELLED: CANCELLED, S.QUEUED: REQUEUED, S.RUNNING: RESUMED}[target]
-    if found == S.QUEUED and target == S.QUEUED:
-        label = LEFT_QUEUED
-    summary.add(label, row["id"])
-    logger.info("recovered task %s: %s -> %s (%s, %s)", row["id"], found, target, row["on_restart"], reason)
+        return None
+    # The same few problems for a whole run (cached): only the found status and the reason vary.
+    error = None
+    if target == S.FAILED:
+        error = _problem(str(found), reason, attempts_left=attempts_left, max_attempts=settings.LMSP_MAX_ATTEMPTS)
+    return RecoveryMove(row["id"], found, target, row["worker"], row["heartbeat_at"], error)
+
+
+def _recover_page(
+    rows: list[dict[str, Any]], *, reason: Callable[[dict[str, Any]], str], summary: RecoverySummary, tries: int = 1
+) -> bool:
+    """Move one page in one transaction; False when its lock was not granted (the round stops there)."""
+    moves = []
+    for row in rows:
+        move = _plan(row, reason=reason(row))
+        if move is None:
+            summary.add(WAITING, row["id"])
+            summary.to_dispatch.append(row["id"])
+        elif move.found == S.QUEUED and move.to == S.QUEUED:
+            # Nothing to write: it waits as it did, and is only sent again.
+            summary.add(LEFT_QUEUED, row["id"])
+            summary.to_dispatch.append(row["id"])
+        else:
+            moves.append(move)
+    for attempt in range(tries):
+        try:
+            with lock_wait(settings.LMSP_MAINTENANCE_LOCK_TIMEOUT_SECONDS):
+                batch = lifecycle.tasks_recover(moves=moves)
+            break
+        except DatabaseBusy:
+            logger.warning("recovery: the database is locked by another writer (try %d of %d)", attempt + 1, tries)
+    else:
+        for move in moves:
+            summary.add(BUSY, move.task_id)
+        return False
+    _summarize(moves, batch, summary, reason)
+    return True
+
+
+def _summarize(
+    moves: list[RecoveryMove],
+    batch: lifecycle.RecoveryBatch,
+    summary: RecoverySummary,
+    reason: Callable[[dict[str, Any]], str],
+) -> None:
+    won, busy = set(batch.won), set(batch.busy)
+    for move in moves:
+        if move.task_id in busy:
+            summary.add(BUSY, move.task_id)
+            continue
+        if move.task_id not in won:
+            summary.add(LOST_RACE, move.task_id)
+            continue
+        left_queued = move.found == S.QUEUED and move.to == S.QUEUED
+        summary.add(LEFT_QUEUED if left_queued else _MOVED_LABEL[move.to], move.task_id)
+        if move.to in states.RUNS_AGAIN:
+            summary.to_dispatch.append(move.task_id)
+        if not left_queued:
+            logger.debug("recovered task %s: %s -> %s", move.task_id, move.found, move.to)
+
+
+def _dispatch(summary: RecoverySummary, *, budget_seconds: float) -> None:
+    """Send the tasks that run again, oldest first, until the budget is spent."""
+    deadline = time.monotonic() + budget_seconds
+    for task_id in summary.to_dispatch:
+        if time.monotonic() >= deadline or not task_dispatch(task_id=task_id):
+            break
+        summary.dispatched += 1
+
+
+def _held_by_live(row: dict[str, Any], live: LiveWorkers) -> bool:
+    if row["status"] == S.QUEUED:
+        # Waiting in a live queue is not being left over.
+        return bool(live.nodes)
+    return (
+        row["id"] in live.task_ids
+        or live.may_hold(row["worker"])
+        # Claimed after we asked.
+        or (row["heartbeat_at"] is not None and row["heartbeat_at"] >= live.asked_at)
+        # Waiting to be adopted by the live workers: the sweeper re-sends it.
+        or (bool(live.nodes) and row["worker"] == "" and row["status"] == S.RUNNING)
+    )
 
 
 def leftover_tasks_recover(*, live: LiveWorkers, batch_size: int = 500) -> RecoverySummary:
     """Startup recovery: apply chapter 11.3 to every unfinished task no live worker holds."""
     summary = RecoverySummary(live_workers=tuple(sorted(live.nodes)))
-    for row in _rows(states.in_declaration_order(states.ACTIVE), batch_size):
-        found = row["status"]
-        if found == S.QUEUED:
-            if live.nodes:
-                # Waiting in a live queue is not being left over.
-                summary.add(LEFT_QUEUED, row["id"])
-                continue
-        elif (
-            row["id"] in live.task_ids
-            or live.may_hold(row["worker"])
-            or (row["heartbeat_at"] is not None and row["heartbeat_at"] >= live.asked_at)
+    for page in _pages(states.in_declaration_order(states.ACTIVE), batch_size):
+        leftover = []
+        for row in page:
+            if _held_by_live(row, live):
+                summary.add(LEFT_QUEUED if row["status"] == S.QUEUED else LIVE, row["id"])
+            else:
+                leftover.append(row)
+        if not _recover_page(
+            leftover, reason=lambda row: "the service restarted", summary=summary, tries=STARTUP_PAGE_TRIES
         ):
-            # Running on a live worker (or perhaps, on one that did not answer
-            # in time: the reaper decides later), or claimed after we asked.
-            summary.add(LIVE, row["id"])
-            continue
-        elif live.nodes and row["worker"] == "" and found == S.RUNNING:
-            # Waiting to be adopted by the live workers: the sweeper re-sends it.
-            summary.add(LIVE, row["id"])
-            continue
-        _move(row, reason="the service restarted", summary=summary)
+            break
+    _dispatch(summary, budget_seconds=settings.LMSP_RECOVER_DISPATCH_SECONDS)
+    _log(summary, "startup recovery")
     return summary
 
 
@@ -218,7 +297,9 @@ def lost_task_recover(*, task_id: str, node: str) -> RecoverySummary:
     )
     if row is None or _process_alive(row["worker"].rpartition("/")[2]):
         return summary
-    _move(row, reason=f"its worker process {row['worker']} died", summary=summary)
+    _recover_page([row], reason=lambda row: f"its worker process {row['worker']} died", summary=summary)
+    _dispatch(summary, budget_seconds=settings.LMSP_RECOVER_DISPATCH_SECONDS)
+    _log(summary, f"recovery (its worker process {row['worker']} died)")
     return summary
 
 
@@ -232,17 +313,31 @@ def _process_alive(pid: str) -> bool:
     return True
 
 
-def abandoned_tasks_reap(
-    *, timeout_seconds: int | None = None, now: datetime | None = None, batch_size: int = 500
-) -> RecoverySummary:
-    """The reaper: apply chapter 11.3 to held tasks whose worker stopped writing heartbeats."""
+def abandoned_tasks_reap(*, timeout_seconds: int | None = None, batch_size: int = 500) -> RecoverySummary:
+    """The reaper: apply chapter 11.3 to held tasks whose worker stopped writing heartbeats.
+
+    Staleness is judged on the clock the heartbeats are written with (the
+    database's, on PostgreSQL), so a worker on another host, or one whose
+    commit waited long for the lock, is not taken for dead.
+    """
     timeout = settings.LMSP_HEARTBEAT_TIMEOUT_SECONDS if timeout_seconds is None else timeout_seconds
-    cutoff = (now or timezone.now()) - timedelta(seconds=timeout)
     summary = RecoverySummary()
     held = states.in_declaration_order(states.HELD)
     # Orphans (no worker) have no heartbeat, so the filter leaves them to the sweeper.
-    for row in _rows(held, batch_size, heartbeat_at__lt=cutoff):
-        _move(row, reason=f"its worker {row['worker']} stopped reporting", summary=summary)
-    if summary.moved:
-        logger.warning("reaper: %s", ", ".join(summary.lines()))
+    for page in _pages(held, batch_size, heartbeat_at__lt=stale_before(timeout)):
+        if not _recover_page(page, reason=lambda row: f"its worker {row['worker']} stopped reporting", summary=summary):
+            break
+    _dispatch(summary, budget_seconds=settings.LMSP_RECOVER_DISPATCH_SECONDS)
+    _log(summary, "reaper")
     return summary
+
+
+def _log(summary: RecoverySummary, what: str) -> None:
+    # Quiet when nothing happened: the reaper runs every few seconds.
+    if not (summary.moved or summary.counts[BUSY]):
+        return
+    level = logging.WARNING if what == "reaper" or summary.counts[BUSY] else logging.INFO
+    moved = [task_id for label in (FAILED, CANCELLED, REQUEUED, RESUMED) for task_id in summary.task_ids.get(label, ())]
+    counts = ", ".join(line for line in summary.lines() if not line.endswith(": 0"))
+    more = f" and {len(moved) - 10} more" if len(moved) > 10 else ""
+    logger.log(level, "%s: %s (%s%s)", what, counts, ", ".join(moved[:10]), more)

@@ -35,6 +35,8 @@ from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from tasks_app import states
+from tasks_app.db_locks import busy_as_unavailable, lock_wait
+from tasks_app.exceptions import DatabaseBusy
 from tasks_app.models import (
     IdempotencyKey,
     PairingCode,
@@ -100,20 +102,27 @@ def retention_cleanup(*, now: datetime | None = None, batch_size: int | None = N
     events_cutoff = now - min(event_retention, task_retention)
     tasks_cutoff = now - task_retention
 
-    events = _delete_events(cutoff=events_cutoff, size=size)
-    tasks, responses, snapshots, cascaded_events = _delete_tasks(cutoff=tasks_cutoff, size=size)
-    idempotency_keys = _delete_in_batches(
-        select=lambda: IdempotencyKey.objects.filter(expires_at__lte=now),
-        delete=lambda pks: IdempotencyKey.objects.filter(pk__in=pks, expires_at__lte=now).delete()[0],
-        size=size,
-    )
-    # Used codes too: once expired, a code can never be redeemed, and the
-    # client it created keeps its own row.
-    pairing_codes = _delete_in_batches(
-        select=lambda: PairingCode.objects.filter(expires_at__lte=now),
-        delete=lambda pks: PairingCode.objects.filter(pk__in=pks, expires_at__lte=now).delete()[0],
-        size=size,
-    )
+    events = tasks = responses = snapshots = cascaded_events = idempotency_keys = pairing_codes = 0
+    # A writer frozen inside its transaction (SQLite: the write lock) is not waited on for long: what
+    # is left is deleted next round.
+    try:
+        with lock_wait(settings.LMSP_MAINTENANCE_LOCK_TIMEOUT_SECONDS), busy_as_unavailable():
+            events = _delete_events(cutoff=events_cutoff, size=size)
+            tasks, responses, snapshots, cascaded_events = _delete_tasks(cutoff=tasks_cutoff, size=size)
+            idempotency_keys = _delete_in_batches(
+                select=lambda: IdempotencyKey.objects.filter(expires_at__lte=now),
+                delete=lambda pks: IdempotencyKey.objects.filter(pk__in=pks, expires_at__lte=now).delete()[0],
+                size=size,
+            )
+            # Used codes too: once expired, a code can never be redeemed, and the
+            # client it created keeps its own row.
+            pairing_codes = _delete_in_batches(
+                select=lambda: PairingCode.objects.filter(expires_at__lte=now),
+                delete=lambda pks: PairingCode.objects.filter(pk__in=pks, expires_at__lte=now).delete()[0],
+                size=size,
+            )
+    except DatabaseBusy:
+        logger.warning("retention cleanup: the database is locked by another writer; the rest waits for next round")
     summary = CleanupSummary(
         events=events + cascaded_events,
         tasks=tasks,

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 from urllib.parse import quote
 
@@ -87,3 +89,24 @@ def open_database_handles(pid: int) -> int:
 
 def is_postgres() -> bool:
     return connection.vendor == "postgresql"
+
+
+@contextmanager
+def database_write_locked() -> Iterator[None]:
+    """Another connection holds the write lock, as a writer frozen inside its transaction would.
+
+    SQLite: ``BEGIN IMMEDIATE`` (one lock for the file). PostgreSQL: the tasks
+    table locked against writes (reads go on). Released by a rollback.
+    """
+    raw = raw_connection()
+    try:
+        if connection.vendor == "sqlite":
+            raw.isolation_level = None
+            raw.execute("BEGIN IMMEDIATE")
+        else:
+            raw.execute("BEGIN")
+            raw.execute("LOCK TABLE tasks IN EXCLUSIVE MODE")
+        yield
+    finally:
+        raw.execute("ROLLBACK")
+        raw.close()

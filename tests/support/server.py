@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+HTTP_PROTOCOL = "lmsp_project.http_server:LmspH11Protocol"
 
 
 def free_port() -> int:
@@ -55,6 +56,12 @@ def uvicorn_process(database_url: str, extra_env: dict[str, str] | None = None) 
             "warning",
             "--timeout-graceful-shutdown",
             "3",
+            # As the Procfile and compose run it: the limits of LMSP_HTTP_* (docs/http.md).
+            "--http",
+            HTTP_PROTOCOL,
+            # uvicorn believes X-Forwarded-For only from the proxies the service trusts (none by default).
+            "--forwarded-allow-ips",
+            env.get("LMSP_TRUSTED_PROXIES", ""),
         ],
         cwd=REPO,
         env=env,

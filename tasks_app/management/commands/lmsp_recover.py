@@ -10,7 +10,7 @@ from tasks_app.services.recovery import leftover_tasks_recover, live_workers_ins
 class Command(BaseCommand):
     help = (
         "Move every unfinished task that no live worker holds as its on_restart policy says "
-        "(fail, retry, resume), one task per transaction. Run it before workers start; "
+        "(fail, retry, resume), a page of tasks per transaction, each with its event. Run it before workers start; "
         "running it again changes nothing."
     )
 

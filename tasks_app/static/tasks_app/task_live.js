@@ -10,7 +10,10 @@
  * connection EventSource reconnects by itself and sends Last-Event-ID, which
  * the server prefers to the URL's cursor, so nothing is repeated; ids at or
  * below the newest one seen are ignored all the same. After the terminal event
- * the page closes the stream (a reconnect would get 204, which also ends it).
+ * the page closes the stream (a reconnect would get 204, which also ends it)
+ * and reloads itself once, so that the fields below (status, tokens, worker,
+ * error, newest events) say what the header says; a finished task's page
+ * opens no stream, so there is no second reload.
  */
 (function () {
   "use strict";
@@ -130,10 +133,11 @@
       }
       if (type !== "response.in_progress") {
         source.close();
-        note("finished");
+        note("finished; reloading the page");
         if (cancelForm) {
           cancelForm.hidden = true;
         }
+        window.location.reload();
       }
     });
   });

@@ -1,0 +1,250 @@
+"""A writer frozen inside its transaction (SIGSTOP, a paused VM, swap) makes nobody wait unbounded.
+
+The freeze is real: a worker process stops itself (``tasks_app.faults``)
+inside the transaction of its first batch commit, holding SQLite's write lock
+or the task row's lock on PostgreSQL, until the test sends SIGCONT.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import threading
+import time
+import urllib.error
+import urllib.request
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.db import connection
+from django.utils import timezone
+
+from tasks_app import lifecycle
+from tasks_app.models import Task, TaskEvent
+from tasks_app.services.model_scan import model_scan
+from tasks_app.services.recovery import BUSY, abandoned_tasks_reap
+from tasks_app.services.retention import retention_cleanup
+from tasks_app.services.tasks import task_create
+from tasks_app.states import TaskStatus
+from tests.support.db import database_url, raw_connection
+from tests.support.namespace import REDIS_PREFIX
+from tests.support.server import uvicorn_process
+from tests.support.waiting import wait_until
+from tests.support.worker import celery_worker
+
+S = TaskStatus
+WORKER = "test@host/1"
+
+
+def _http(base: str, method: str, path: str, token: str, body: Any = None) -> tuple[int, dict[str, str], Any]:
+    """One request; the headers' names in lower case."""
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(base + path, data=data, method=method)
+    request.add_header("Authorization", f"Bearer {token}")
+    if data is not None:
+        request.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(request, timeout=30) as reply:
+            return reply.status, {k.lower(): v for k, v in reply.headers.items()}, json.loads(reply.read() or b"null")
+    except urllib.error.HTTPError as error:
+        return error.code, {k.lower(): v for k, v in error.headers.items()}, json.loads(error.read() or b"null")
+
+
+def _frozen(pid: int) -> bool:
+    # Field 3 of /proc/<pid>/stat is the state; "T" is stopped by a signal.
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().rsplit(")", 1)[1].split()[0] == "T"
+
+
+@pytest.fixture
+def lab_env(transactional_db, demo_models_root: Path, tmp_path: Path, settings) -> dict[str, str]:
+    """Models and a queue of the test's own; the environment of its web and worker processes."""
+    models = tmp_path / "models"
+    shutil.copytree(demo_models_root / "demo", models / "demo")
+    settings.LMSP_MODELS_DIR = models
+    model_scan(models_dir=models)
+    queue = f"{REDIS_PREFIX}-{tmp_path.name}"
+    settings.LMSP_TASK_QUEUE = queue
+    return {
+        "DATABASE_URL": database_url(),
+        "REDIS_URL": settings.REDIS_URL,
+        "LMSP_REDIS_PREFIX": REDIS_PREFIX,
+        "LMSP_TASK_QUEUE": queue,
+        "LMSP_MODELS_DIR": str(models),
+        "LMSP_DB_LOCK_TIMEOUT_SECONDS": "1",
+        "LMSP_HEARTBEAT_SECONDS": "1",
+    }
+
+
+def _running_pid(task_id: str, worker: Any) -> int:
+    held = wait_until(
+        lambda: Task.objects.filter(pk=task_id, status=S.RUNNING).exclude(worker="").first(),
+        what=lambda: f"the task never ran:\n{worker.log()[-3000:]}",
+    )
+    return int(held.worker.rpartition("/")[2])
+
+
+BODY = {"type": "response", "input": {"model": "demo", "input": "Tell me a story", "max_output_tokens": 64}}
+
+
+@pytest.mark.slow
+def test_a_worker_frozen_inside_its_commit_gets_503s_and_skipped_rows_not_waits(
+    lab_env: dict[str, str], make_client, tmp_path: Path
+):
+    _, token = make_client("alice")
+    body = BODY
+    worker_env = {**lab_env, "LMSP_FAULT_FREEZE": "task_progress"}
+    with (
+        uvicorn_process(database_url(), lab_env) as web,
+        celery_worker(env=worker_env, queue=lab_env["LMSP_TASK_QUEUE"], log_path=tmp_path / "worker.log") as worker,
+    ):
+        status, _, task = _http(web.base, "POST", "/lmsp/v1/tasks", token, body)
+        assert status == 202
+        pid = _running_pid(task["id"], worker)
+        wait_until(lambda: _frozen(pid), what=lambda: f"the worker did not freeze:\n{worker.log()[-3000:]}")
+        try:
+            before = Task.objects.count()
+            # A cancel needs the frozen task's row: its lock (PostgreSQL) or the write lock (SQLite).
+            status, headers, problem = _http(web.base, "POST", f"/lmsp/v1/tasks/{task['id']}/cancel", token)
+            assert (status, problem["code"]) == (503, "service_unavailable"), problem
+            assert int(headers["retry-after"]) >= 1
+            status, headers, problem = _http(web.base, "POST", "/lmsp/v1/tasks", token, body)
+            if connection.vendor == "sqlite":
+                # One write lock for the whole file: a creation waits its bounded time and writes nothing.
+                assert (status, problem["code"]) == (503, "service_unavailable"), problem
+                assert "retry-after" in headers
+                assert Task.objects.count() == before
+            else:
+                # Row locks: a new task does not touch the frozen one.
+                assert status == 202
+            # The reaper (every heartbeat counts as stale here) leaves the locked task for its next round.
+            summary = abandoned_tasks_reap(timeout_seconds=0)
+            assert summary.task_ids.get(BUSY) == [task["id"]]
+            assert Task.objects.get(pk=task["id"]).status == S.RUNNING
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        done = wait_until(
+            lambda: Task.objects.filter(pk=task["id"], status=S.SUCCEEDED).first(),
+            what=lambda: f"the task did not finish after the thaw:\n{worker.log()[-3000:]}",
+        )
+        # The batch that was frozen mid-commit is in the log once, in order.
+        sequences = list(TaskEvent.objects.filter(task_id=done.id).values_list("sequence_number", flat=True))
+        assert sequences == list(range(done.last_sequence + 1))
+        status, _, _ = _http(web.base, "POST", "/lmsp/v1/tasks", token, body)
+        assert status == 202
+
+
+def _wait_stale(task_id: str, *, seconds: float) -> None:
+    stamped = Task.objects.get(pk=task_id).heartbeat_at
+    wait_until(lambda: timezone.now() - stamped > timedelta(seconds=seconds), what="the clock did not move")
+
+
+@pytest.mark.slow
+def test_a_worker_frozen_between_commits_past_the_timeout_is_reaped_and_its_late_writes_lost(
+    lab_env: dict[str, str], make_client, tmp_path: Path
+):
+    """The issue's case: a `fail` task whose worker froze longer than the heartbeat timeout ends
+    `failed` by the reaper, and the worker, when it thaws, can no longer write to it."""
+    client, _ = make_client("alice")
+    long_body = {**BODY["input"], "max_output_tokens": 4000}
+    with celery_worker(env=lab_env, queue=lab_env["LMSP_TASK_QUEUE"], log_path=tmp_path / "worker.log") as worker:
+        task = task_create(client=client, request=long_body, on_restart="fail", idempotency_key=None, request_hash=None)
+        task_id = task.body["id"]
+        pid = _running_pid(task_id, worker)
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            _wait_stale(task_id, seconds=2)
+            # A stop that landed inside a commit holds the lock: let it finish that one commit and stop again.
+            while not abandoned_tasks_reap(timeout_seconds=2).moved:
+                os.kill(pid, signal.SIGCONT)
+                time.sleep(0.01)
+                os.kill(pid, signal.SIGSTOP)
+                wait_until(lambda: _frozen(pid), what="the worker did not stop")
+                _wait_stale(task_id, seconds=2)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        worker.wait_for_log(f"task {task_id} left to failed by another writer")
+    done = Task.objects.get(pk=task_id)
+    assert done.status == S.FAILED and done.error["code"] == "server_restarted"
+    types = list(TaskEvent.objects.filter(task_id=task_id).order_by("sequence_number").values_list("type", flat=True))
+    assert types[-1] == "response.failed" and types.count("response.failed") == 1
+    assert len(types) == done.last_sequence + 1
+
+
+def _running_task(make_client) -> str:
+    client, _ = make_client("alice")
+    task = lifecycle.task_insert(client=client, request={"model": "demo", "input": "x"}, model="demo")
+    assert lifecycle.task_claim(task_id=task.id, worker=WORKER).won
+    assert lifecycle.task_start(task_id=task.id, worker=WORKER, item_id="msg_1").won
+    return task.id
+
+
+def _hold_write_lock(task_id: str) -> Any:
+    """Another connection inside a write transaction: SQLite's write lock, or the task row's lock."""
+    raw = raw_connection()
+    if connection.vendor == "sqlite":
+        raw.isolation_level = None
+        raw.execute("BEGIN IMMEDIATE")
+    else:
+        raw.execute("BEGIN")
+        raw.execute("UPDATE tasks SET updated_at = updated_at WHERE id = %s", [task_id])
+    return raw
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_heartbeat_that_waited_for_the_lock_longer_than_the_timeout_is_fresh(make_client):
+    task_id = _running_task(make_client)
+    Task.objects.filter(pk=task_id).update(heartbeat_at=timezone.now() - timedelta(seconds=120))
+    holder = _hold_write_lock(task_id)
+    results: list[Any] = []
+
+    def beat() -> None:
+        try:
+            results.append(lifecycle.task_heartbeat(task_id=task_id, worker=WORKER))
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=beat)
+    thread.start()
+    time.sleep(2.0)  # longer than the reaper's timeout below: the heartbeat waits for the lock all along
+    holder.execute("COMMIT")
+    holder.close()
+    thread.join(timeout=30)
+    assert results and results[0].won
+
+    summary = abandoned_tasks_reap(timeout_seconds=1)
+
+    assert summary.moved == 0
+    assert Task.objects.get(pk=task_id).status == S.RUNNING
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_reaper_judges_staleness_on_the_clock_heartbeats_are_written_with(make_client):
+    task_id = _running_task(make_client)
+    stamped = Task.objects.get(pk=task_id).heartbeat_at
+    # A fresh commit is not stale by a timeout of a minute, and is by one of zero once time moves on.
+    assert abandoned_tasks_reap(timeout_seconds=60).moved == 0
+    wait_until(lambda: timezone.now() > stamped, what="the clock did not move")
+    assert abandoned_tasks_reap(timeout_seconds=0).moved == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_cleanup_leaves_what_a_frozen_writer_holds_for_its_next_round(make_client, settings):
+    client, _ = make_client("alice")
+    task = lifecycle.task_insert(client=client, request={"model": "demo", "input": "x"}, model="demo")
+    assert lifecycle.task_cancel_queued(task_id=task.id).won
+    old = timezone.now() - timedelta(seconds=settings.LMSP_TASK_RETENTION_SECONDS + 60)
+    Task.objects.filter(pk=task.id).update(updated_at=old)
+    holder = _hold_write_lock(task.id)
+    try:
+        summary = retention_cleanup()
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert summary.tasks == 0
+    assert Task.objects.filter(pk=task.id).exists()
+    assert retention_cleanup().tasks == 1

@@ -1,0 +1,104 @@
+"""What the service logs: one access line per request (never a query string), and
+maintenance rounds that did nothing stay out of the INFO log."""
+
+from __future__ import annotations
+
+import logging
+import re
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from asgiref.sync import async_to_sync
+from django.test import AsyncClient
+from django.utils import timezone
+
+from lmsp_project.celery import app
+from tasks_app.models import Task
+from tasks_app.notify import key, redis_client
+from tests.support.db import database_url
+from tests.support.namespace import REDIS_PREFIX
+from tests.support.tasks import create
+from tests.support.waiting import wait_until
+from tests.support.worker import celery_worker
+
+ACCESS = "lmsp.access"
+# Celery's routine lines about the maintenance jobs, as they were before: three per round.
+ROUTINE = re.compile(r"Sending due task|lmsp\.(sweep_queued|reap_abandoned|cleanup)\[")
+
+
+def access_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [record.getMessage() for record in caplog.records if record.name == ACCESS]
+
+
+def test_each_request_gets_one_access_line_with_its_status_and_client_and_no_query(api, caplog):
+    task = create(api)
+    caplog.clear()
+    caplog.set_level(logging.INFO, logger=ACCESS)
+
+    reply = api.get(f"/lmsp/v1/tasks/{task['id']}", token="secret", after="x")
+    assert reply.status_code == 200
+    missing = api.get("/lmsp/v1/nothing-here", token="secret")
+    assert missing.status_code == 404
+
+    lines = access_lines(caplog)
+    assert len(lines) == 2, lines
+    assert re.fullmatch(
+        rf"GET /lmsp/v1/tasks/{task['id']} 200 \d+\.\dms client={api.client.pk} peer=127\.0\.0\.1", lines[0]
+    ), lines
+    assert re.fullmatch(r"GET /lmsp/v1/nothing-here 404 \d+\.\dms client=- peer=127\.0\.0\.1", lines[1]), lines
+    # The query string (a stream token rides there) is in no record at all.
+    assert not [record for record in caplog.records if "secret" in record.getMessage()]
+    # The access line says it; Django's warning per 4xx would say it twice.
+    assert not [record for record in caplog.records if record.name == "django.request"]
+
+
+def test_a_stream_token_in_the_url_never_reaches_the_log(db, caplog):
+    """The event stream (an async view, through the middleware's async path) with ``?token=``."""
+    caplog.set_level(logging.INFO, logger=ACCESS)
+
+    get = async_to_sync(AsyncClient().get)
+    reply = get("/lmsp/v1/tasks/task_01J00000000000000000000000/events", {"token": "secret"})
+
+    assert reply.status_code == 401
+    lines = access_lines(caplog)
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("GET /lmsp/v1/tasks/task_01J00000000000000000000000/events 401 "), lines
+    assert lines[0].endswith(" client=- peer=127.0.0.1"), lines
+    assert not [record for record in caplog.records if "secret" in record.getMessage()]
+
+
+def _rounds(node: str) -> dict[str, int]:
+    """How often the node ran each maintenance job (Celery's own counters)."""
+    stats = app.control.inspect(destination=[node], timeout=2).stats() or {}
+    return stats.get(node, {}).get("total", {})
+
+
+def test_a_maintenance_round_that_does_nothing_logs_nothing_at_info(api, transactional_db, tmp_path: Path):
+    queue = f"{REDIS_PREFIX}-quiet"
+    env = {
+        "DATABASE_URL": database_url(),
+        "LMSP_REDIS_PREFIX": REDIS_PREFIX,
+        # Runs go to a queue nobody consumes: this node only does maintenance.
+        "LMSP_TASK_QUEUE": f"{REDIS_PREFIX}-idle",
+        "LMSP_MAINTENANCE_QUEUE": f"{queue}-maintenance",
+        "LMSP_SWEEP_INTERVAL_SECONDS": "1",
+        "LMSP_REAP_INTERVAL_SECONDS": "1",
+        "LMSP_CLEANUP_INTERVAL_SECONDS": "1",
+        "LMSP_SWEEP_GRACE_SECONDS": "0",
+    }
+    with celery_worker(env=env, queue=queue, log_path=tmp_path / "beat.log", beat=True, name="quiet") as node:
+        names = [name for name in (app.control.inspect(timeout=2).ping() or {}) if name.startswith("quiet@")]
+        assert len(names) == 1, names
+        wait_until(
+            lambda: all(_rounds(names[0]).get(job, 0) >= 2 for job in ("lmsp.sweep_queued", "lmsp.reap_abandoned")),
+            what=lambda: f"no two maintenance rounds ran:\n{node.log()[-3000:]}",
+        )
+        assert not ROUTINE.findall(node.log()), node.log()[-3000:]
+
+        # A round that does something still says so: a waiting task whose message is lost.
+        waiting = create(api)["id"]
+        redis_client().delete(key("dispatched", waiting))
+        Task.objects.filter(pk=waiting).update(updated_at=timezone.now() - timedelta(seconds=60))
+        node.wait_for_log(f"sweeper re-dispatched 1 waiting task(s): {waiting}")
+        assert not ROUTINE.findall(node.log()), node.log()[-3000:]

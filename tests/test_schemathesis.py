@@ -1,0 +1,79 @@
+"""Schemathesis, every check, over every operation of the served schema against a real server and worker.
+
+The schema must describe what the server does: every answer to generated
+good and bad requests (coverage, fuzzing and stateful phases, bounded) must
+conform to it, good requests must be accepted and bad ones refused. The
+checker's few quirks are named in ``tests/schemathesis_hooks.py`` and
+docs/api.md ("Schema conformance").
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from django.conf import settings
+
+from tests.support.db import database_url
+from tests.support.namespace import REDIS_PREFIX
+from tests.support.server import REPO, uvicorn_process
+
+# Bounded: a run of every phase takes about a minute per database on two cores. A fixed seed, so a
+# run is the same on every machine; LMSP_SCHEMATHESIS_SEED and _MAX_EXAMPLES explore further.
+MAX_EXAMPLES = os.environ.get("LMSP_SCHEMATHESIS_MAX_EXAMPLES", "25")
+SEED = os.environ.get("LMSP_SCHEMATHESIS_SEED", "14")
+# A request that hangs (a wait nobody ends) fails the run instead of stalling it.
+REQUEST_TIMEOUT_SECONDS = 30
+RUN_TIMEOUT_SECONDS = 420
+
+
+def test_schemathesis_finds_the_server_true_to_its_schema(running_worker, make_client, tmp_path: Path):
+    _, token = make_client("schemathesis", scopes="responses,read")
+    env = {
+        "REDIS_URL": settings.REDIS_URL,
+        "LMSP_REDIS_PREFIX": REDIS_PREFIX,
+        "LMSP_TASK_QUEUE": running_worker.queue,
+        "LMSP_MODELS_DIR": str(settings.LMSP_MODELS_DIR),
+        "LMSP_STREAM_KEEPALIVE_SECONDS": "1",
+        # Enough for every generated POST /pair to reach the code check instead of the limit.
+        "LMSP_PAIR_RATE": "100000/min",
+    }
+    with uvicorn_process(database_url(), env) as server:
+        command = [
+            sys.executable,
+            "-m",
+            "schemathesis.cli",
+            "run",
+            f"{server.base}/lmsp/v1/openapi.json",
+            "--checks",
+            "all",
+            "--header",
+            f"Authorization: Bearer {token}",
+            "--max-examples",
+            MAX_EXAMPLES,
+            "--seed",
+            SEED,
+            "--workers",
+            "1",
+            "--request-timeout",
+            str(REQUEST_TIMEOUT_SECONDS),
+            "--generation-database",
+            "none",
+            "--no-color",
+        ]
+        hooks_env = {**os.environ, "PYTHONPATH": str(REPO), "SCHEMATHESIS_HOOKS": "tests.schemathesis_hooks"}
+        # cwd: the run writes nothing into the checkout.
+        run = subprocess.run(
+            command, cwd=tmp_path, env=hooks_env, capture_output=True, text=True, timeout=RUN_TIMEOUT_SECONDS
+        )
+    report = run.stdout + run.stderr
+    assert run.returncode == 0, report[-20000:]
+    # Every operation of the schema was generated for and called, none skipped for want of data.
+    selected = re.search(r"Selected: (\d+)/(\d+)", report)
+    tested = re.search(r"Tested: (\d+)", report)
+    assert selected and tested, report[-5000:]
+    assert selected[1] == selected[2] == tested[1], report[-5000:]
+    assert "Stateful" in report, report[-5000:]
