@@ -11,7 +11,7 @@ from django.db import models
 from django.db.models import Q
 
 from tasks_app import events, states
-from tasks_app.fields import JSONTextField
+from tasks_app.fields import EventPayloadField, JSONTextField
 from tasks_app.states import ResponseStatus, RestartPolicy, TaskStatus
 
 
@@ -244,7 +244,7 @@ class TaskEvent(models.Model):
     type = models.CharField(max_length=64)
     # Stored as text so a stream replays the very bytes written (JSONB would
     # reorder keys on PostgreSQL) and never re-encodes per client.
-    payload = models.TextField()
+    payload = EventPayloadField()
     created_at = models.DateTimeField()
 
     class Meta:
