@@ -205,6 +205,11 @@ def task_run_request(*, task_id: str) -> tuple[str, dict[str, Any]]:
     return response.model, response.request
 
 
+def task_outcome_get(*, task_id: str) -> dict[str, Any] | None:
+    """What became of a task, for a log line: its status, policy, worker and error (None: no such task)."""
+    return Task.objects.filter(pk=task_id).values("status", "on_restart", "worker", "error").first()
+
+
 def task_output_text(*, task_id: str) -> tuple[str | None, str]:
     """The id of the current attempt's output item and the text its committed deltas hold.
 

@@ -7,14 +7,11 @@ or the task row's lock on PostgreSQL, until the test sends SIGCONT.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
 import threading
 import time
-import urllib.error
-import urllib.request
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -33,31 +30,12 @@ from tasks_app.states import TaskStatus
 from tests.support.db import database_url, raw_connection
 from tests.support.namespace import REDIS_PREFIX
 from tests.support.server import uvicorn_process
+from tests.support.sse import call_with_headers
 from tests.support.waiting import wait_until
-from tests.support.worker import celery_worker
+from tests.support.worker import celery_worker, process_stopped
 
 S = TaskStatus
 WORKER = "test@host/1"
-
-
-def _http(base: str, method: str, path: str, token: str, body: Any = None) -> tuple[int, dict[str, str], Any]:
-    """One request; the headers' names in lower case."""
-    data = json.dumps(body).encode() if body is not None else None
-    request = urllib.request.Request(base + path, data=data, method=method)
-    request.add_header("Authorization", f"Bearer {token}")
-    if data is not None:
-        request.add_header("Content-Type", "application/json")
-    try:
-        with urllib.request.urlopen(request, timeout=30) as reply:
-            return reply.status, {k.lower(): v for k, v in reply.headers.items()}, json.loads(reply.read() or b"null")
-    except urllib.error.HTTPError as error:
-        return error.code, {k.lower(): v for k, v in error.headers.items()}, json.loads(error.read() or b"null")
-
-
-def _frozen(pid: int) -> bool:
-    # Field 3 of /proc/<pid>/stat is the state; "T" is stopped by a signal.
-    with open(f"/proc/{pid}/stat") as stat:
-        return stat.read().rsplit(")", 1)[1].split()[0] == "T"
 
 
 @pytest.fixture
@@ -102,17 +80,19 @@ def test_a_worker_frozen_inside_its_commit_gets_503s_and_skipped_rows_not_waits(
         uvicorn_process(database_url(), lab_env) as web,
         celery_worker(env=worker_env, queue=lab_env["LMSP_TASK_QUEUE"], log_path=tmp_path / "worker.log") as worker,
     ):
-        status, _, task = _http(web.base, "POST", "/lmsp/v1/tasks", token, body)
+        status, _, task = call_with_headers(web.base, "POST", "/lmsp/v1/tasks", token=token, body=body)
         assert status == 202
         pid = _running_pid(task["id"], worker)
-        wait_until(lambda: _frozen(pid), what=lambda: f"the worker did not freeze:\n{worker.log()[-3000:]}")
+        wait_until(lambda: process_stopped(pid), what=lambda: f"the worker did not freeze:\n{worker.log()[-3000:]}")
         try:
             before = Task.objects.count()
             # A cancel needs the frozen task's row: its lock (PostgreSQL) or the write lock (SQLite).
-            status, headers, problem = _http(web.base, "POST", f"/lmsp/v1/tasks/{task['id']}/cancel", token)
+            status, headers, problem = call_with_headers(
+                web.base, "POST", f"/lmsp/v1/tasks/{task['id']}/cancel", token=token
+            )
             assert (status, problem["code"]) == (503, "service_unavailable"), problem
             assert int(headers["retry-after"]) >= 1
-            status, headers, problem = _http(web.base, "POST", "/lmsp/v1/tasks", token, body)
+            status, headers, problem = call_with_headers(web.base, "POST", "/lmsp/v1/tasks", token=token, body=body)
             if connection.vendor == "sqlite":
                 # One write lock for the whole file: a creation waits its bounded time and writes nothing.
                 assert (status, problem["code"]) == (503, "service_unavailable"), problem
@@ -134,7 +114,7 @@ def test_a_worker_frozen_inside_its_commit_gets_503s_and_skipped_rows_not_waits(
         # The batch that was frozen mid-commit is in the log once, in order.
         sequences = list(TaskEvent.objects.filter(task_id=done.id).values_list("sequence_number", flat=True))
         assert sequences == list(range(done.last_sequence + 1))
-        status, _, _ = _http(web.base, "POST", "/lmsp/v1/tasks", token, body)
+        status, _, _ = call_with_headers(web.base, "POST", "/lmsp/v1/tasks", token=token, body=body)
         assert status == 202
 
 
@@ -163,7 +143,7 @@ def test_a_worker_frozen_between_commits_past_the_timeout_is_reaped_and_its_late
                 os.kill(pid, signal.SIGCONT)
                 time.sleep(0.01)
                 os.kill(pid, signal.SIGSTOP)
-                wait_until(lambda: _frozen(pid), what="the worker did not stop")
+                wait_until(lambda: process_stopped(pid), what="the worker did not stop")
                 _wait_stale(task_id, seconds=2)
         finally:
             os.kill(pid, signal.SIGCONT)

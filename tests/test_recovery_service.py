@@ -41,6 +41,7 @@ from tests.support.namespace import REDIS_PREFIX
 from tests.support.queues import queued_ids
 from tests.support.server import REPO
 from tests.support.waiting import wait_until
+from tests.support.worker import process_stopped
 
 S = TaskStatus
 GHOST = "ghost@nowhere/1"
@@ -237,11 +238,6 @@ def test_the_command_as_a_service_start_runs_it(held, queue):
     assert (status(running), status(cancelling)) == (S.FAILED, S.CANCELLED)
 
 
-def _frozen(pid: int) -> bool:
-    with open(f"/proc/{pid}/stat") as stat:
-        return stat.read().rsplit(")", 1)[1].split()[0] == "T"
-
-
 @pytest.mark.slow
 def test_a_recovery_killed_mid_run_leaves_each_task_moved_with_its_event_or_untouched(held, queue):
     """A page of tasks moves in one transaction: killed inside its second page, the first page stays
@@ -266,7 +262,9 @@ def test_a_recovery_killed_mid_run_leaves_each_task_moved_with_its_event_or_unto
         stderr=subprocess.PIPE,
     )
     try:
-        wait_until(lambda: proc.poll() is not None or _frozen(proc.pid), what="lmsp_recover did not reach its fault")
+        wait_until(
+            lambda: proc.poll() is not None or process_stopped(proc.pid), what="lmsp_recover did not reach its fault"
+        )
         assert proc.poll() is None, proc.stderr.read()
     finally:
         proc.kill()  # a crash inside the second page's transaction

@@ -14,20 +14,82 @@ import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
 
 import pytest
-from django.db import OperationalError, connection, connections, transaction
+from django.conf import settings
+from django.db import OperationalError, connections
 
-from tasks_app.db_locks import is_lock_timeout, lock_wait
-from tasks_app.models import ServiceConfig
+from tasks_app.db.sqlite3.base import DatabaseWrapper
+from tasks_app.db_locks import is_lock_timeout
 
-pytestmark = pytest.mark.django_db(transaction=True)
+# A database of these tests' own, on this backend whatever the suite runs on
+# (SQLite or PostgreSQL), so the backend is checked in both runs. Its
+# connections are made here, one per thread, as Django makes them.
+ALIAS = "writer_lock_check"
+_config: dict[str, Any] = {}
+_local = threading.local()
 
 
 @pytest.fixture(autouse=True)
-def _sqlite_only() -> None:
-    if connection.vendor != "sqlite":
-        pytest.skip("the process lock is the SQLite backend's")
+def _own_sqlite_file(tmp_path: Path, django_db_blocker: Any) -> Iterator[None]:
+    database = {
+        "ENGINE": "tasks_app.db.sqlite3",
+        "NAME": str(tmp_path / "writer-lock.sqlite3"),
+        # As lmsp_project/settings.py opens SQLite.
+        "OPTIONS": {
+            "transaction_mode": "IMMEDIATE",
+            "timeout": settings.SQLITE_BUSY_TIMEOUT_SECONDS,
+            "init_command": "PRAGMA journal_mode=WAL;",
+        },
+    }
+    _config.update(connections.configure_settings({"default": database})["default"])
+    # Not the test database: pytest-django's guard is for that one.
+    with django_db_blocker.unblock():
+        with _connection().cursor() as cursor:
+            cursor.execute("CREATE TABLE kv (key TEXT PRIMARY KEY)")
+        try:
+            yield
+        finally:
+            _close()
+
+
+def _connection() -> DatabaseWrapper:
+    """This thread's connection to the test's file."""
+    if getattr(_local, "connection", None) is None:
+        _local.connection = DatabaseWrapper(dict(_config), ALIAS)
+    return _local.connection
+
+
+def _close() -> None:
+    if getattr(_local, "connection", None) is not None:
+        _local.connection.close()
+        _local.connection = None
+
+
+@contextmanager
+def _transaction() -> Iterator[Any]:
+    """A write transaction, begun and ended as ``transaction.atomic`` does."""
+    conn = _connection()
+    conn.set_autocommit(False, force_begin_transaction_with_broken_autocommit=True)
+    try:
+        with conn.cursor() as cursor:
+            yield cursor
+        conn.commit()
+    except BaseException:
+        if conn.connection is not None:
+            conn.rollback()
+        raise
+    finally:
+        if conn.connection is not None:
+            conn.set_autocommit(True)
+
+
+def _keys() -> set[str]:
+    with _connection().cursor() as cursor:
+        cursor.execute("SELECT key FROM kv")
+        return {key for (key,) in cursor.fetchall()}
 
 
 def _in_thread(fn: Callable[[], object]) -> object:
@@ -37,15 +99,15 @@ def _in_thread(fn: Callable[[], object]) -> object:
         try:
             return fn()
         finally:
-            connections.close_all()
+            _close()
 
     with ThreadPoolExecutor(1) as pool:
         return pool.submit(run).result(timeout=60)
 
 
 def _write(key: str) -> None:
-    with transaction.atomic():
-        ServiceConfig.objects.create(key=key, value=1)
+    with _transaction() as cursor:
+        cursor.execute("INSERT INTO kv (key) VALUES (%s)", [key])
 
 
 @contextmanager
@@ -54,8 +116,8 @@ def _transaction_held_elsewhere(key: str) -> Iterator[None]:
     holding, release = threading.Event(), threading.Event()
 
     def hold() -> None:
-        with transaction.atomic():
-            ServiceConfig.objects.create(key=key, value=1)
+        with _transaction() as cursor:
+            cursor.execute("INSERT INTO kv (key) VALUES (%s)", [key])
             holding.set()
             release.wait(30)
 
@@ -75,32 +137,34 @@ def test_a_writer_waits_for_the_transaction_ahead_of_it_and_then_commits():
             second = pool.submit(lambda: _in_thread(lambda: _write("second")))
         second.result(timeout=60)
 
-    assert set(ServiceConfig.objects.values_list("key", flat=True)) >= {"first", "second"}
+    assert _keys() == {"first", "second"}
 
 
 def test_a_writer_whose_wait_runs_out_fails_as_sqlite_would_and_writes_nothing():
     def impatient() -> BaseException | None:
-        with lock_wait(0.2):
-            try:
-                _write("impatient")
-            except OperationalError as error:
-                return error
+        # What tasks_app.db_locks.lock_wait does on SQLite.
+        with _connection().cursor() as cursor:
+            cursor.execute("PRAGMA busy_timeout = 200")
+        try:
+            _write("impatient")
+        except OperationalError as error:
+            return error
         return None
 
     with _transaction_held_elsewhere("holder"):
         error = _in_thread(impatient)
 
     assert error is not None and is_lock_timeout(error), error
-    assert not ServiceConfig.objects.filter(key="impatient").exists()
+    assert "impatient" not in _keys()
     _write("after")  # the lock was not kept by the failed attempt
 
 
 def test_a_transaction_abandoned_with_its_connection_does_not_keep_the_lock():
     def abandon() -> None:
         # A transaction begun and never ended; the thread ends without closing.
-        conn = connections.create_connection("default")
+        conn = DatabaseWrapper(dict(_config), ALIAS)
         conn.set_autocommit(False, force_begin_transaction_with_broken_autocommit=True)
-        conn.cursor().execute("INSERT INTO service_config (key, value, updated_at) VALUES ('lost', '1', '2026-01-01')")
+        conn.cursor().execute("INSERT INTO kv (key) VALUES ('lost')")
 
     thread = threading.Thread(target=abandon)
     thread.start()
@@ -108,15 +172,37 @@ def test_a_transaction_abandoned_with_its_connection_does_not_keep_the_lock():
     gc.collect()
 
     _in_thread(lambda: _write("next"))
-    assert set(ServiceConfig.objects.values_list("key", flat=True)) == {"next"}
+    assert _keys() == {"next"}
 
 
 def test_closing_a_connection_inside_a_transaction_lets_the_next_writer_in():
     def close_midway() -> None:
-        with transaction.atomic():
-            ServiceConfig.objects.create(key="closed", value=1)
-            connection.close()
+        with _transaction() as cursor:
+            cursor.execute("INSERT INTO kv (key) VALUES ('closed')")
+            _close()
 
     _in_thread(close_midway)
     _in_thread(lambda: _write("after-close"))
-    assert set(ServiceConfig.objects.values_list("key", flat=True)) == {"after-close"}
+    assert _keys() == {"after-close"}
+
+
+def test_a_commit_lets_the_next_writer_in_while_its_connection_stays_open():
+    committed, finish = threading.Event(), threading.Event()
+
+    def first() -> None:
+        _write("first")
+        committed.set()
+        finish.wait(30)  # the connection stays open, as a web thread's does between requests
+
+    with ThreadPoolExecutor(1) as pool:
+        holder = pool.submit(lambda: _in_thread(first))
+        committed.wait(30)
+        try:
+            with _connection().cursor() as cursor:
+                cursor.execute("PRAGMA busy_timeout = 200")  # a free lock needs no wait at all
+            _write("second")
+        finally:
+            finish.set()
+            holder.result(timeout=60)
+
+    assert _keys() == {"first", "second"}

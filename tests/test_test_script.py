@@ -79,6 +79,9 @@ def test_a_missing_database_on_a_live_server_gets_the_command_that_creates_it():
             f"{LOCAL_SERVER.replace('postgres://', 'postgresql://', 1)}/postgres", connect_timeout=3
         ).close()
     except psycopg.OperationalError:
+        # CI always has the server (scripts/test refuses to run without it there): never skipped under CI.
+        if os.environ.get("CI") == "true":
+            raise
         pytest.skip(f"no PostgreSQL server at {LOCAL_SERVER}")
     name = f"lmsp_missing_{os.getpid()}"
 

@@ -32,7 +32,7 @@ from django.db import DatabaseError
 import workers.tasks  # noqa: F401
 from tasks_app import states
 from tasks_app.broker import RUN_TASK
-from tasks_app.models import Task
+from tasks_app.selectors import task_outcome_get
 from tasks_app.states import TaskStatus
 
 logger = logging.getLogger(__name__)
@@ -101,7 +101,7 @@ def _interrupted_by_shutdown(
         return
     task_id = str(args[0])
     try:
-        row = Task.objects.filter(pk=task_id).values("status", "on_restart", "worker", "error").first()
+        row = task_outcome_get(task_id=task_id)
     except DatabaseError:
         outcome = "lmsp_recover applies its on_restart policy at the next start (the database did not answer)"
     else:

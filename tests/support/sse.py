@@ -140,6 +140,14 @@ def open_stream(
 
 def call(base: str, method: str, path: str, *, token: str | None = None, body: Any = None) -> tuple[int, Any]:
     """One JSON request to the live server: (status, parsed body or None)."""
+    status, _, parsed = call_with_headers(base, method, path, token=token, body=body)
+    return status, parsed
+
+
+def call_with_headers(
+    base: str, method: str, path: str, *, token: str | None = None, body: Any = None
+) -> tuple[int, dict[str, str], Any]:
+    """:func:`call`, with the answer's headers (names in lower case)."""
     parts = urlsplit(base)
     conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=60)
     headers = {"Authorization": f"Bearer {token}"} if token else {}
@@ -151,6 +159,7 @@ def call(base: str, method: str, path: str, *, token: str | None = None, body: A
         conn.request(method, path, body=payload, headers=headers)
         response = conn.getresponse()
         raw = response.read()
-        return response.status, (json.loads(raw) if raw else None)
+        headers = {name.lower(): value for name, value in response.getheaders()}
+        return response.status, headers, (json.loads(raw) if raw else None)
     finally:
         conn.close()

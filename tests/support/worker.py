@@ -94,6 +94,12 @@ def celery_worker(
         stop_process_group(proc)
 
 
+def process_stopped(pid: int) -> bool:
+    """Whether process ``pid`` is stopped by a signal (SIGSTOP): state "T" in /proc/<pid>/stat."""
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().rsplit(")", 1)[1].split()[0] == "T"
+
+
 def maintenance_queue(queue: str) -> str:
     """The maintenance queue the settings derive from a task queue (LMSP_MAINTENANCE_QUEUE)."""
     return f"{queue}-maintenance"
