@@ -413,6 +413,8 @@ LOGGING = {
     "loggers": {
         "django.db.backends": {"level": "INFO"},
         "django.request": {"level": "ERROR"},
+        # huggingface_hub's HTTP client logs every request at INFO; `lmsp_models pull` shows a progress bar.
+        "httpx2": {"level": "WARNING"},
         "celery.beat": {"filters": ["quiet_maintenance"]},
         "celery.worker.strategy": {"filters": ["quiet_maintenance"]},
         "celery.app.trace": {"filters": ["quiet_maintenance"]},

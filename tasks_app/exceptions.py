@@ -102,6 +102,12 @@ class ResponseNotFound(NotFound):
     code, title = "response_not_found", "Response not found"
 
 
+class ModelNotRegistered(NotFound):
+    """Raised when the model a path names is not registered (in a request body it is a 400 instead)."""
+
+    code, title = "model_not_found", "Model not found"
+
+
 class MethodNotAllowed(LmspError):
     """Raised when a route exists but not for the request's method."""
 
@@ -220,3 +226,7 @@ class BackendError(LmspError):
 
 class TransitionNotAllowed(Exception):
     """Raised when code asks the lifecycle for a move its table forbids."""
+
+
+class ModelPullFailed(Exception):
+    """Raised when ``lmsp_models pull`` cannot list, download, verify or place a model; the message says why."""

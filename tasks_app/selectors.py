@@ -10,7 +10,14 @@ from django.db.models import Q, QuerySet
 
 from tasks_app import events
 from tasks_app.events import EventType
-from tasks_app.exceptions import EventHistoryExpired, InvalidRequest, ModelNotFound, ResponseNotFound, TaskNotFound
+from tasks_app.exceptions import (
+    EventHistoryExpired,
+    InvalidRequest,
+    ModelNotFound,
+    ModelNotRegistered,
+    ResponseNotFound,
+    TaskNotFound,
+)
 from tasks_app.models import Client, ModelRecord, Response, Task, TaskEvent, TaskSnapshot
 from tasks_app.querying import status_in
 from tasks_app.states import TaskStatus
@@ -157,6 +164,14 @@ def model_get_by_name(name: str) -> ModelRecord:
         f"Model {name!r} is not registered",
         errors=[{"field": "input.model", "message": f"unknown model {name!r}"}],
     )
+
+
+def model_get(*, model_id: str) -> ModelRecord:
+    """The model ``GET /models/{id}`` names (``name:latest`` is ``name``); ``ModelNotRegistered`` (a 404) otherwise."""
+    model = model_find_by_name(model_id)
+    if model is None:
+        raise ModelNotRegistered(f"Model {model_id!r} is not registered")
+    return model
 
 
 def model_list(*, after: str | None, limit: int) -> Page:

@@ -37,6 +37,10 @@ def response_object(response: Response) -> dict[str, Any]:
         "max_output_tokens": request.get("max_output_tokens"),
         "temperature": request.get("temperature"),
         "top_p": request.get("top_p"),
+        # Extensions (PROFILE.md section 9): the sampling knobs transformers' generation configs set.
+        "top_k": request.get("top_k"),
+        "min_p": request.get("min_p"),
+        "repetition_penalty": request.get("repetition_penalty"),
         "metadata": response.metadata,
     }
 

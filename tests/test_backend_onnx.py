@@ -30,7 +30,6 @@ from workers.backends.base import (
 from workers.backends.detokenizer import StopFilter, StreamDetokenizer
 from workers.backends.errors import GenerationError, ModelLoadError, PromptRejected
 from workers.backends.onnx import OnnxGeneration, OnnxModel, OnnxRuntimeBackend, cuda_device_count
-from workers.backends.sampling import Sampler, SamplingDefaults
 
 PROMPT = {"instructions": "Tell a story.", "input": "The lighthouse keeper climbed the stairs"}
 NON_ASCII_PROMPT = {"input": "Grüße, 東京 🚀 — café, naïve, 서울"}
@@ -409,74 +408,6 @@ def test_seeds_decide_sampled_output_and_greedy_ignores_them(model: OnnxModel, p
     assert isinstance(unseeded.seed, int) and 0 <= unseeded.seed < 2**63
     assert unseeded.snapshot()["seed"] == unseeded.seed
     assert ids(temperature=1.0, seed=unseeded.seed) == first
-
-
-def test_sampler_top_p_keeps_the_smallest_nucleus() -> None:
-    logits = np.log(np.array([0.2, 0.5, 0.3]))
-    only_top = Sampler(temperature=1.0, top_p=0.5, seed=0)
-    assert {only_top.sample(logits) for _ in range(50)} == {1}
-    two = Sampler(temperature=1.0, top_p=0.8, seed=0)
-    assert {two.sample(logits) for _ in range(300)} == {1, 2}
-    everything = Sampler(temperature=1.0, top_p=1.0, seed=0)
-    assert {everything.sample(logits) for _ in range(300)} == {0, 1, 2}
-
-    greedy = Sampler(temperature=0.0, top_p=0.1, seed=0)
-    before = greedy.get_state()
-    assert greedy.sample(logits) == 1 and greedy.get_state() == before  # greedy draws nothing
-
-
-def test_sampler_nucleus_shortcut_matches_a_full_sort() -> None:
-    """The partial-sort shortcut must pick exactly what sorting the whole vocabulary picks, ties included."""
-
-    def reference(logits: np.ndarray, temperature: float, top_p: float, draw: float) -> int:
-        scaled = logits.astype(np.float64) / temperature
-        probs = np.exp(scaled - scaled.max())
-        probs /= probs.sum()
-        order = np.argsort(-probs, kind="stable")
-        cumulative = np.cumsum(probs[order])
-        keep = min(int(np.searchsorted(cumulative, top_p)) + 1, len(order))
-        kept = cumulative[:keep]
-        return int(order[min(int(np.searchsorted(kept, draw * kept[-1], side="right")), keep - 1)])
-
-    rng = np.random.default_rng(0)
-    picks = set()
-    for trial in range(60):
-        logits = np.round(rng.normal(size=4000) * rng.uniform(0.5, 6), 1)  # rounding makes many ties
-        top_p = float(rng.uniform(0.05, 0.99))
-        sampler = Sampler(temperature=0.9, top_p=top_p, seed=trial)
-        draw = np.random.Generator(np.random.PCG64(trial)).random()
-        pick = sampler.sample(logits)
-        assert pick == reference(logits, 0.9, top_p, draw)
-        picks.add(pick)
-    assert len(picks) > 10
-
-
-def test_sampler_state_round_trips_through_json() -> None:
-    logits = np.linspace(0, 3, 50)
-    sampler = Sampler(temperature=1.3, top_p=0.95, seed=2**62 + 12345)
-    for _ in range(5):
-        sampler.sample(logits)
-    state = json.loads(json.dumps(sampler.get_state()))
-    expected = [sampler.sample(logits) for _ in range(40)]
-    restored = Sampler(temperature=1.3, top_p=0.95, seed=1)
-    restored.set_state(state)
-    assert [restored.sample(logits) for _ in range(40)] == expected
-    with pytest.raises(GenerationError):
-        restored.set_state({"bit_generator": "PCG64"})
-
-
-def test_sampling_defaults_come_from_generation_config() -> None:
-    assert SamplingDefaults().resolve(None, None) == (1.0, 1.0)
-    configured = SamplingDefaults.from_generation_config({"do_sample": True, "temperature": 0.7, "top_p": 0.8})
-    assert configured.resolve(None, None) == (0.7, 0.8)
-    assert configured.resolve(0.2, 0.5) == (0.2, 0.5)
-    greedy = SamplingDefaults.from_generation_config({"do_sample": False, "temperature": 0.7})
-    assert greedy.resolve(None, None) == (0.0, 1.0)
-    assert greedy.resolve(0.9, None) == (0.9, 1.0)
-    with pytest.raises(GenerationError):
-        SamplingDefaults().resolve(-1.0, None)
-    with pytest.raises(GenerationError):
-        SamplingDefaults().resolve(None, 0.0)
 
 
 # --------------------------------------------------------------------------- #

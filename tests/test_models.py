@@ -1,4 +1,4 @@
-"""The models table: scan, digests, the demo model command and GET /models."""
+"""The models table: scan, digests, the demo model command, GET /models and GET /models/{id}."""
 
 from __future__ import annotations
 
@@ -8,11 +8,14 @@ import os
 import shutil
 from pathlib import Path
 
+import openai
 import pytest
 from django.core.management import call_command
 
 from tasks_app.models import ModelRecord
 from tasks_app.services.model_scan import model_scan
+from tests.support.api import ApiClient
+from tests.support.problems import assert_problem
 
 
 @pytest.fixture
@@ -33,8 +36,11 @@ def test_scan_registers_folder_with_digests(models_root):
     assert report.added == ["demo"]
     model = ModelRecord.objects.get(name="demo")
     folder = models_root / "demo"
-    files = sorted(p.name for p in folder.iterdir() if p.is_file())
+    # Exactly the files the backend reads: special_tokens_map.json is not one of them.
+    files = sorted(p.name for p in folder.iterdir() if p.is_file() and p.name != "special_tokens_map.json")
+    assert (folder / "special_tokens_map.json").is_file()
     assert sorted(model.files) == files
+    assert (model.path, model.graph, model.layout) == ("demo", "model.onnx", "optimum")
     for name in files:
         assert model.files[name]["sha256"] == sha256(folder / name)
         assert model.files[name]["size"] == (folder / name).stat().st_size
@@ -154,3 +160,67 @@ def test_models_endpoint_paginates_newest_first(api, models_root):
             break
         after = page["last_id"]
     assert names == ["mc", "mb", "ma", "demo"]
+
+
+# --- GET /models/{id} ----------------------------------------------------------------------------------
+
+COMMUNITY_FIXTURE = Path(__file__).parent / "fixtures" / "models" / "qwen2-community"
+
+
+@pytest.fixture
+def community_root(models_root: Path) -> Path:
+    """The demo model and the onnx-community fixture (``qwen2-community``, ``:int8``, ``:q4``), registered."""
+    shutil.copytree(COMMUNITY_FIXTURE, models_root / "qwen2-community")
+    model_scan()
+    return models_root
+
+
+@pytest.mark.django_db
+def test_one_model_is_the_object_the_list_shows(api, community_root):
+    listed = {model["id"]: model for model in api.get("/lmsp/v1/models", limit=100).json()["data"]}
+    assert set(listed) == {"demo", "qwen2-community", "qwen2-community:int8", "qwen2-community:q4"}
+
+    reply = api.get("/lmsp/v1/models/qwen2-community:q4")
+
+    assert reply.status_code == 200, reply.content
+    assert reply.json() == listed["qwen2-community:q4"]
+    record = ModelRecord.objects.get(name="qwen2-community:q4")
+    assert reply.json()["digest"] == record.digest
+    assert reply.json()["layout"] == "onnx-community"
+    assert listed["demo"]["layout"] == "optimum"
+    # `name` and `name:latest` are one model, as in a request body.
+    assert api.get("/lmsp/v1/models/demo:latest").json() == listed["demo"]
+    assert api.get("/lmsp/v1/models/qwen2-community%3Aint8").json() == listed["qwen2-community:int8"]
+
+
+@pytest.mark.django_db
+def test_an_unknown_model_is_404_model_not_found(api, community_root):
+    body = assert_problem(api.get("/lmsp/v1/models/qwen2-community:q5"), 404, "model_not_found")
+    assert "qwen2-community:q5" in body["detail"]
+    assert_problem(api.get("/lmsp/v1/models/demo:endless"), 404, "model_not_found")
+
+
+@pytest.mark.django_db
+def test_one_model_needs_the_read_scope_as_the_list_does(make_client, community_root):
+    _, writer = make_client("writer", scopes="responses")
+    for path in ("/lmsp/v1/models", "/lmsp/v1/models/qwen2-community:q4"):
+        assert_problem(ApiClient(None).get(path), 401, "unauthorized")
+        assert_problem(ApiClient(writer).get(path), 403, "insufficient_scope")
+
+
+def test_the_openai_package_retrieves_a_model(transactional_db, make_client, community_root, web_server):
+    _, token = make_client("sdk", scopes="read")
+    sdk = openai.OpenAI(base_url=f"{web_server.base}/lmsp/v1", api_key=token, max_retries=0, timeout=60)
+
+    model = sdk.models.retrieve("qwen2-community:q4")
+
+    record = ModelRecord.objects.get(name="qwen2-community:q4")
+    assert (model.id, model.object, model.owned_by) == ("qwen2-community:q4", "model", "local")
+    assert model.created == int(record.created_at.timestamp())
+    assert model.model_extra["digest"] == record.digest
+    assert model.model_extra["layout"] == "onnx-community"
+    assert sdk.models.retrieve("demo:latest").id == "demo"
+    with pytest.raises(openai.NotFoundError) as refused:
+        sdk.models.retrieve("qwen2-community:q5")
+    assert refused.value.body["code"] == "model_not_found"
+    assert {m.id for m in sdk.models.list()} >= {"qwen2-community", "qwen2-community:int8", "qwen2-community:q4"}

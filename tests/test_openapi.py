@@ -130,8 +130,8 @@ def api_routes() -> Iterator[tuple[str, str | None]]:
     return walk(get_resolver().url_patterns, "")
 
 
-def fill(path: str, task_id: str = UNKNOWN_TASK, response_id: str = UNKNOWN_RESPONSE) -> str:
-    return path.format(task_id=task_id, response_id=response_id)
+def fill(path: str, task_id: str = UNKNOWN_TASK, response_id: str = UNKNOWN_RESPONSE, model_id: str = "demo") -> str:
+    return path.format(task_id=task_id, response_id=response_id, model_id=model_id)
 
 
 def test_the_schema_has_every_route_and_method_the_api_serves_and_no_other(db, spec):
@@ -469,6 +469,8 @@ def test_every_answer_is_documented_and_every_documented_answer_happens(
     # GET /tasks, GET /models
     call.here("GET", tasks, url=f"{tasks}?limit=0", token=api.token)
     call.here("GET", f"{API}models", url=f"{API}models?limit=0", token=api.token)
+    call.here("GET", f"{API}models/{{model_id}}", url=f"{API}models/demo:latest", token=api.token)
+    call.here("GET", f"{API}models/{{model_id}}", url=f"{API}models/nope", token=api.token)
 
     # One task: read, mint a stream token, cancel (a finished one cannot be), oversized bodies.
     call.here("GET", task_path, url=done_url, token=api.token)

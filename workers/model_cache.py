@@ -55,6 +55,7 @@ class ModelCache:
             started = time.perf_counter()
             model = get_backend(record.backend).load(
                 settings.LMSP_MODELS_DIR / record.path,
+                graph=record.graph,
                 device=settings.LMSP_DEVICE,
                 device_id=settings.LMSP_DEVICE_ID,
                 prefill_chunk=settings.LMSP_PREFILL_CHUNK,

@@ -25,12 +25,15 @@ def human_size(size: int) -> str:
 
 @admin.register(ModelRecord)
 class ModelRecordAdmin(ReadOnlyAdmin):
-    list_display = ("name", "backend", "size_column", "digest_column", "updated_at")
+    list_display = ("name", "layout", "backend", "size_column", "digest_column", "updated_at")
+    list_filter = ("layout",)
     search_fields = ("name",)
     ordering = ("name",)
     fields = (
         "name",
         "path",
+        "graph",
+        "layout",
         "backend",
         "size_column",
         "digest",
@@ -92,9 +95,10 @@ class ModelRecordAdmin(ReadOnlyAdmin):
                 for label, names in (("added", report.added), ("updated", report.updated), ("removed", report.removed))
             ]
             parts.append(f"unchanged: {len(report.unchanged)}")
-            if report.skipped:
-                parts.append(f"skipped (unreadable): {', '.join(report.skipped)}")
             self.message_user(request, "Rescanned models. " + "; ".join(parts) + ".", messages.SUCCESS)
+            # A folder that is not a model (or could not be read) is named with the file, as the CLI does.
+            for where, message in report.problems:
+                self.message_user(request, f"Skipped {where}: {message}", messages.WARNING)
         return HttpResponseRedirect(reverse("admin:tasks_app_modelrecord_changelist"))
 
     def get_urls(self) -> list:

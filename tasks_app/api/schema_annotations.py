@@ -32,6 +32,12 @@ EVENT_TYPES: tuple[EventType, ...] = (*NON_TERMINAL_EVENT_TYPES, *TERMINAL)
 
 TASK_ID = OpenApiParameter("task_id", str, OpenApiParameter.PATH, description="`task_` + ULID.")
 RESPONSE_ID = OpenApiParameter("response_id", str, OpenApiParameter.PATH, description="`resp_` + ULID.")
+MODEL_ID = OpenApiParameter(
+    "model_id",
+    str,
+    OpenApiParameter.PATH,
+    description="`name` or `name:tag`, as `GET /models` lists it (`name:latest` is `name`).",
+)
 IDEMPOTENCY_KEY = OpenApiParameter(
     "Idempotency-Key",
     {"type": "string", "minLength": 1, "maxLength": MAX_KEY_LENGTH, "pattern": "^[ -~]+$"},

@@ -14,7 +14,7 @@ from rest_framework import serializers
 from tasks_app.api.schema_annotations import EVENT_TYPES
 from tasks_app.api.schema_problems import problem_codes
 from tasks_app.api.serializers import MAX_METADATA_PAIRS
-from tasks_app.models import TaskType
+from tasks_app.models import ModelLayout, TaskType
 from tasks_app.services.clients import SCOPES
 from tasks_app.states import ResponseStatus, RestartPolicy, TaskStatus
 
@@ -73,6 +73,9 @@ class IncompleteDetailsSchema(serializers.Serializer):
     reason = serializers.ChoiceField(choices=["max_output_tokens"])
 
 
+_SAMPLING_ECHO = "Extension: as the request sent it; null leaves it to the model's generation config."
+
+
 @extend_schema_serializer(component_name="Response")
 class ResponseSchema(serializers.Serializer):
     """The response object (PROFILE.md section 3)."""
@@ -90,6 +93,9 @@ class ResponseSchema(serializers.Serializer):
     max_output_tokens = serializers.IntegerField(allow_null=True)
     temperature = serializers.FloatField(allow_null=True)
     top_p = serializers.FloatField(allow_null=True)
+    top_k = serializers.IntegerField(allow_null=True, help_text=_SAMPLING_ECHO)
+    min_p = serializers.FloatField(allow_null=True, help_text=_SAMPLING_ECHO)
+    repetition_penalty = serializers.FloatField(allow_null=True, help_text=_SAMPLING_ECHO)
     metadata = serializers.DictField(child=serializers.CharField(), help_text=f"At most {MAX_METADATA_PAIRS} pairs.")
 
 
@@ -141,6 +147,11 @@ class ModelSchema(serializers.Serializer):
     size_bytes = serializers.IntegerField()
     capabilities = ModelCapabilitiesSchema()
     context_length = serializers.IntegerField(allow_null=True)
+    layout = serializers.ChoiceField(
+        choices=ModelLayout.values,
+        help_text="How the model's folder is laid out (docs/models.md): `optimum`, `onnx-community`, `genai` "
+        "or `optimum-merged`. An extension of LMSP 1.0.",
+    )
 
 
 @extend_schema_serializer(component_name="ModelList")

@@ -18,6 +18,7 @@ from tasks_app import exceptions as exc
 PROBLEM_MEDIA_TYPE = "application/problem+json"
 EXAMPLE_TASK_ID = "task_01J8M8R5X3V7B2N4Q9T1W6Y0ZC"
 EXAMPLE_RESPONSE_ID = "resp_01J8M8R5X4B9D2F6H1K3N7Q0ZW"
+EXAMPLE_MODEL_ID = "qwen2.5-0.5b-instruct:q4"
 
 
 def problem_classes() -> list[type[exc.LmspError]]:
@@ -74,7 +75,11 @@ _STATUS_HEADERS[503] = _STATUS_HEADERS[429]
 
 
 def _example_instance(path: str) -> str:
-    return path.replace("{task_id}", EXAMPLE_TASK_ID).replace("{response_id}", EXAMPLE_RESPONSE_ID)
+    return (
+        path.replace("{task_id}", EXAMPLE_TASK_ID)
+        .replace("{response_id}", EXAMPLE_RESPONSE_ID)
+        .replace("{model_id}", EXAMPLE_MODEL_ID)
+    )
 
 
 def _example(cls: type[exc.LmspError], path: str) -> dict[str, Any]:

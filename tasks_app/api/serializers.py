@@ -27,6 +27,12 @@ MAX_METADATA_PAIRS = 16
 MAX_METADATA_KEY = 64
 MAX_METADATA_VALUE = 512
 MAX_SEED = 2**64 - 1
+# More than any vocabulary: a top_k at or above a model's vocabulary keeps every token.
+MAX_TOP_K = 1_000_000
+# The sampler's range (workers/backends/sampling.py, which this layer may not import):
+# outside it a penalised float32 score can overflow.
+MIN_REPETITION_PENALTY = 0.01
+MAX_REPETITION_PENALTY = 100.0
 MAX_AFTER = 200
 ROLES = ("user", "system", "developer", "assistant")
 TEXT_PART_TYPES = ("input_text", "output_text")
@@ -259,6 +265,31 @@ class ResponseRequestSerializer(StrictSerializer):
     max_output_tokens = StrictIntegerField(required=False, allow_null=True, min_value=1, max_value=1_000_000)
     temperature = StrictFloatField(required=False, allow_null=True, min_value=0.0, max_value=2.0)
     top_p = TopPField(required=False, allow_null=True)
+    # Extensions (PROFILE.md section 9), as in transformers' generation config (docs/sampling.md).
+    top_k = StrictIntegerField(
+        required=False,
+        allow_null=True,
+        min_value=0,
+        max_value=MAX_TOP_K,
+        help_text="Extension: sample from the k most likely tokens (ties included); 0 keeps all; "
+        "null: the model's generation config.",
+    )
+    min_p = StrictFloatField(
+        required=False,
+        allow_null=True,
+        min_value=0.0,
+        max_value=1.0,
+        help_text="Extension: drop tokens less than min_p times as likely as the most likely one; 0 keeps all; "
+        "null: the model's generation config.",
+    )
+    repetition_penalty = StrictFloatField(
+        required=False,
+        allow_null=True,
+        min_value=MIN_REPETITION_PENALTY,
+        max_value=MAX_REPETITION_PENALTY,
+        help_text="Extension: divide positive, multiply negative scores of every token already in the prompt "
+        "or output, greedy decoding included; 1 is off; null: the model's generation config.",
+    )
     seed = StrictIntegerField(required=False, allow_null=True, min_value=0, max_value=MAX_SEED)
     stop = StopField(required=False, allow_null=True)
     stream = StrictBooleanField(required=False, default=False)
@@ -367,6 +398,7 @@ class ModelOutputSerializer(serializers.BaseSerializer):
             "size_bytes": instance.size_bytes,
             "capabilities": instance.capabilities,
             "context_length": instance.config.get("max_position_embeddings"),
+            "layout": instance.layout,
         }
 
 

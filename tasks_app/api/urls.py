@@ -14,6 +14,7 @@ urlpatterns = [
     path("responses/<str:response_id>", stream_views.response_detail, name="response-detail"),
     path("capabilities", views.CapabilitiesView.as_view(), name="capabilities"),
     path("models", views.ModelListView.as_view(), name="models"),
+    path("models/<str:model_id>", views.ModelDetailView.as_view(), name="model-detail"),
     path("pair", views.PairView.as_view(), name="pair"),
     # The schema (as plain application/json) and Swagger UI over it; both public.
     path("openapi.json", SpectacularJSONAPIView.as_view(renderer_classes=[OpenApiJsonRenderer2]), name="openapi"),

@@ -9,10 +9,18 @@ from rest_framework.views import APIView
 
 from tasks_app import exceptions as exc
 from tasks_app import selectors
-from tasks_app.api.schema_annotations import IDEMPOTENCY_KEY, LOCATION, TASK_ID, idempotent_replayed, operation
+from tasks_app.api.schema_annotations import (
+    IDEMPOTENCY_KEY,
+    LOCATION,
+    MODEL_ID,
+    TASK_ID,
+    idempotent_replayed,
+    operation,
+)
 from tasks_app.api.schema_components import (
     CapabilitiesSchema,
     ModelListSchema,
+    ModelSchema,
     PairedClientSchema,
     StreamTokenSchema,
     TaskListSchema,
@@ -275,6 +283,23 @@ class ModelListView(ScopedAPIView):
         query = _validated(ListQuerySerializer, request.query_params.dict())
         page = selectors.model_list(after=query.get("after"), limit=query["limit"])
         return Response(list_body(ModelOutputSerializer(page.items, many=True).data, page.has_more))
+
+
+class ModelDetailView(ScopedAPIView):
+    scopes_by_method = {"GET": READ}
+
+    @operation(
+        operation_id="models_retrieve",
+        summary="Read a registered model",
+        description="One model object, as `GET /models` lists it (what the `openai` package's "
+        "`models.retrieve` calls). An extension of LMSP 1.0.",
+        parameters=[MODEL_ID],
+        request=None,
+        responses={200: ModelSchema},
+        problems=[exc.ModelNotRegistered],
+    )
+    def get(self, request: Request, model_id: str) -> Response:
+        return Response(ModelOutputSerializer(selectors.model_get(model_id=model_id)).data)
 
 
 class PairView(ScopedAPIView):

@@ -37,6 +37,9 @@ class SamplingParams:
 
     temperature: float | None = None
     top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
     seed: int | None = None
     max_output_tokens: int | None = None
     stop: tuple[str, ...] = ()
@@ -53,6 +56,9 @@ class SamplingParams:
         return cls(
             temperature=request.get("temperature"),
             top_p=request.get("top_p"),
+            top_k=request.get("top_k"),
+            min_p=request.get("min_p"),
+            repetition_penalty=request.get("repetition_penalty"),
             seed=request.get("seed"),
             max_output_tokens=request.get("max_output_tokens"),
             stop=tuple(s for s in stops if s),
@@ -132,13 +138,16 @@ class Backend(Protocol):
         self,
         folder: Path,
         *,
+        graph: str = "model.onnx",
         device: str = "auto",
         device_id: int = 0,
         prefill_chunk: int | None = None,
         intra_op_threads: int | None = None,
         spinning: bool | None = None,
     ) -> LoadedModel:
-        """Load a model folder. Raises ``workers.backends.errors.ModelLoadError``."""
+        """Load a model folder: ``graph`` is the decoder graph's path inside it, the side
+        files (configs, tokenizer) lie in ``folder`` itself. Raises
+        ``workers.backends.errors.ModelLoadError``."""
         ...
 
 

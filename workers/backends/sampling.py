@@ -1,26 +1,58 @@
-"""Token sampling with a private, snapshot-able random generator.
+"""Token sampling as transformers applies it, with a private, snapshot-able random generator.
+
+A logits row goes through what ``transformers`` 4.57's ``generate`` builds in
+``_get_logits_processor``, in its order: the repetition penalty (always,
+greedy decoding included), then, only when sampling, temperature, top_k,
+top_p and min_p; greedy takes the argmax after the penalty. So greedy output
+equals ``model.generate(do_sample=False)`` with the same generation config.
 
 Every generation owns one ``numpy.random.Generator`` (PCG64) seeded from the
 request's seed, or from a random seed that is recorded so the run can be
 repeated. Sampling draws exactly one number per sampled token and greedy
 decoding draws none, so saving the generator state after any step and
 restoring it later continues the very same random stream: that is what makes
-a resumed generation token-for-token equal to an uninterrupted one.
+a resumed generation token-for-token equal to an uninterrupted one. The
+penalty's memory (which ids were seen) needs no snapshot: it is the prompt
+plus the generated ids, which a resumed generation passes back in.
 """
 
 from __future__ import annotations
 
 import secrets
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from workers.backends.base import SamplingParams
 from workers.backends.errors import GenerationError
 
 DEFAULT_TEMPERATURE = 1.0
 DEFAULT_TOP_P = 1.0
+# Outside this range a penalised float32 score can overflow (or every repeated
+# token vanish); transformers takes any positive number, no model ships one near these.
+MIN_REPETITION_PENALTY = 0.01
+MAX_REPETITION_PENALTY = 100.0
+
+
+@dataclass(frozen=True)
+class SamplingSettings:
+    """What one generation samples with, every knob resolved; the neutral values switch a step off."""
+
+    temperature: float = DEFAULT_TEMPERATURE
+    """0 is greedy decoding (argmax), which skips every step below but the penalty."""
+    top_p: float = DEFAULT_TOP_P
+    top_k: int = 0
+    """0 keeps the whole vocabulary."""
+    min_p: float = 0.0
+    """0 keeps every token; else those at least ``min_p`` times as likely as the most likely one."""
+    repetition_penalty: float = 1.0
+    """1.0 is off; every id already in the context (the prompt too) gets ``score < 0 ? score * p : score / p``."""
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
 
 
 @dataclass(frozen=True)
@@ -29,41 +61,87 @@ class SamplingDefaults:
 
     temperature: float | None = None
     top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
     do_sample: bool | None = None
 
     @classmethod
     def from_generation_config(cls, config: Mapping[str, Any]) -> SamplingDefaults:
-        temperature = config.get("temperature")
-        top_p = config.get("top_p")
+        """The sampling keys of a ``generation_config.json``; a key of the wrong JSON type counts as unset."""
+        top_k = _number(config.get("top_k"))
         do_sample = config.get("do_sample")
         return cls(
-            temperature=float(temperature) if isinstance(temperature, int | float) else None,
-            top_p=float(top_p) if isinstance(top_p, int | float) else None,
+            temperature=_number(config.get("temperature")),
+            top_p=_number(config.get("top_p")),
+            top_k=int(top_k) if top_k is not None and top_k.is_integer() else None,
+            min_p=_number(config.get("min_p")),
+            repetition_penalty=_number(config.get("repetition_penalty")),
             do_sample=do_sample if isinstance(do_sample, bool) else None,
         )
 
-    def resolve(self, temperature: float | None, top_p: float | None) -> tuple[float, float]:
-        """The temperature and top_p a generation uses.
+    def resolve(self, params: SamplingParams) -> SamplingSettings:
+        """The settings a generation uses.
 
         The request wins; else the model's generation config; a config that
         says ``do_sample: false`` means greedy unless the request asked for a
-        temperature; else 1.0 for both (plain sampling over the full vocabulary).
+        temperature (its repetition penalty still applies, as in transformers);
+        else the neutral value (temperature and top_p 1.0: plain sampling over
+        the whole vocabulary; top_k, min_p and the penalty off).
         """
-        if temperature is None:
-            if self.do_sample is False:
-                temperature = 0.0
-            elif self.temperature is not None:
-                temperature = self.temperature
-            else:
-                temperature = DEFAULT_TEMPERATURE
-        if top_p is None:
-            top_p = self.top_p if self.top_p is not None else DEFAULT_TOP_P
-        temperature, top_p = float(temperature), float(top_p)
-        if not np.isfinite(temperature) or temperature < 0:
-            raise GenerationError(f"temperature must be a finite number >= 0, got {temperature}")
-        if not np.isfinite(top_p) or not 0 < top_p <= 1:
-            raise GenerationError(f"top_p must be in (0, 1], got {top_p}")
-        return temperature, top_p
+        if params.temperature is not None:
+            temperature = _Knob(params.temperature, "the request")
+        elif self.do_sample is False:
+            temperature = _Knob(0.0, "the model's generation_config.json")
+        else:
+            temperature = self._knob(None, self.temperature, DEFAULT_TEMPERATURE)
+        top_p = self._knob(params.top_p, self.top_p, DEFAULT_TOP_P)
+        top_k = self._knob(params.top_k, self.top_k, 0)
+        min_p = self._knob(params.min_p, self.min_p, 0.0)
+        penalty = self._knob(params.repetition_penalty, self.repetition_penalty, 1.0)
+        temperature.check(
+            "temperature", np.isfinite(temperature.value) and temperature.value >= 0, "a finite number >= 0"
+        )
+        top_p.check("top_p", 0 < top_p.value <= 1, "in (0, 1]")
+        top_k.check("top_k", float(top_k.value).is_integer() and top_k.value >= 0, "an integer >= 0")
+        min_p.check("min_p", 0 <= min_p.value <= 1, "in [0, 1]")
+        penalty.check(
+            "repetition_penalty",
+            MIN_REPETITION_PENALTY <= penalty.value <= MAX_REPETITION_PENALTY,
+            f"in [{MIN_REPETITION_PENALTY}, {MAX_REPETITION_PENALTY:g}]",
+        )
+        return SamplingSettings(
+            temperature=float(temperature.value),
+            top_p=float(top_p.value),
+            top_k=int(top_k.value),
+            min_p=float(min_p.value),
+            repetition_penalty=float(penalty.value),
+        )
+
+    @staticmethod
+    def _knob(requested: float | None, configured: float | None, neutral: float) -> _Knob:
+        if requested is not None:
+            return _Knob(requested, "the request")
+        if configured is not None:
+            return _Knob(configured, "the model's generation_config.json")
+        return _Knob(neutral, "the default")
+
+
+@dataclass(frozen=True)
+class _Knob:
+    """One resolved value and where it came from, so an error can say whom to fix."""
+
+    value: float
+    source: str
+
+    def check(self, name: str, valid: bool | np.bool_, domain: str) -> None:
+        if not valid:
+            raise GenerationError(f"{name} must be {domain}, got {self.value} (from {self.source})")
+
+
+def _number(value: Any) -> float | None:
+    # bool is an int in Python, but ``true`` is no number in a JSON config.
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
 def new_seed() -> int:
@@ -72,43 +150,132 @@ def new_seed() -> int:
 
 
 class Sampler:
-    """Picks the next token from a logits row: greedy at temperature 0, else nucleus sampling."""
+    """Picks the next token from a logits row and remembers it for the repetition penalty.
 
-    def __init__(self, *, temperature: float, top_p: float, seed: int | None = None) -> None:
-        self.temperature = float(temperature)
-        self.top_p = float(top_p)
+    ``context_ids`` are the ids the penalty starts from (the prompt, plus the
+    generated ids when a generation resumes); ``vocab_size`` bounds them.
+    Every token :meth:`sample` returns joins the context.
+    """
+
+    def __init__(
+        self,
+        settings: SamplingSettings,
+        *,
+        seed: int | None = None,
+        context_ids: Sequence[int] = (),
+        vocab_size: int,
+    ) -> None:
+        self.settings = settings
         self.seed = new_seed() if seed is None else int(seed)
         self.rng = np.random.Generator(np.random.PCG64(self.seed))
+        self._penalty = np.float32(settings.repetition_penalty)
+        self._penalised = settings.repetition_penalty != 1.0
+        # The seen ids as a mask (a new id costs O(1)) and as an index array
+        # (a step costs O(distinct ids), never a pass over the history).
+        self._seen = np.zeros(max(int(vocab_size), 0), dtype=bool)
+        self._seen_ids = np.empty(0, dtype=np.int64)
+        self._new_ids: list[int] = []
+        if self._penalised and len(context_ids):
+            ids = np.asarray(context_ids, dtype=np.int64)
+            if ids.min() < 0 or ids.max() >= len(self._seen):
+                raise GenerationError(f"token ids must lie in 0..{len(self._seen) - 1}")
+            self._seen[ids] = True
+            self._seen_ids = np.flatnonzero(self._seen)
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        return self.settings.greedy
 
     def sample(self, logits: np.ndarray) -> int:
         """One token id from a 1-D logits row; draws exactly one random number unless greedy."""
-        row = np.asarray(logits, dtype=np.float64).reshape(-1)
+        row = self._penalise(logits)
         if self.greedy:
-            return int(np.argmax(row))
-        scaled = row / self.temperature
-        scaled -= scaled.max()
-        probs = np.exp(scaled)
+            token = int(np.argmax(row))
+        else:
+            token = self._draw(row)
+        self._remember(token)
+        return token
+
+    def _penalise(self, logits: np.ndarray) -> np.ndarray:
+        """The row as float32 (transformers casts the logits so) with the repetition penalty applied.
+
+        In float32 like ``RepetitionPenaltyLogitsProcessor``, so a greedy pick
+        between two nearly equal scores goes the same way.
+        """
+        row = np.asarray(logits, dtype=np.float32).reshape(-1)
+        if not self._penalised:
+            return row
+        if self._new_ids:
+            self._seen_ids = np.concatenate([self._seen_ids, np.asarray(self._new_ids, dtype=np.int64)])
+            self._new_ids.clear()
+        ids = self._seen_ids
+        if not ids.size:
+            return row
+        if len(self._seen) > len(row) and self._seen[len(row) :].any():
+            raise GenerationError(f"the model's logits row has {len(row)} entries, fewer than its token ids")
+        row = row.copy()  # never write into the caller's (the session's) buffer
+        scores = row[ids]
+        row[ids] = np.where(scores < 0, scores * self._penalty, scores / self._penalty)
+        return row
+
+    def _remember(self, token: int) -> None:
+        if not self._penalised:
+            return
+        if token >= len(self._seen):  # a logits row wider than the tokenizer's ids
+            self._seen = np.concatenate([self._seen, np.zeros(token + 1 - len(self._seen), dtype=bool)])
+        if not self._seen[token]:
+            self._seen[token] = True
+            self._new_ids.append(token)
+
+    def _draw(self, row: np.ndarray) -> int:
+        settings = self.settings
+        scores = row.astype(np.float64) / settings.temperature
+        size = len(scores)
+        top_k = None
+        if 0 < settings.top_k < size:
+            # TopKLogitsWarper removes only scores below the k-th largest: ties with it stay.
+            threshold = np.partition(scores, size - settings.top_k)[size - settings.top_k]
+            top_k = np.flatnonzero(scores >= threshold)
+        scores -= scores.max()
+        probs = np.exp(scores)
         total = probs.sum()
         if not np.isfinite(total) or total <= 0:
             raise GenerationError("the model produced logits that are not finite numbers")
         probs /= total
-        if self.top_p >= 1.0:
-            # No nucleus to cut: draw over the whole vocabulary in id order, no sort needed.
-            order = np.arange(len(probs))
-            cumulative = np.cumsum(probs)
-            keep = len(order)
-        else:
-            order, cumulative = self._nucleus(probs)
-            # The smallest prefix whose mass reaches top_p; at least one token.
-            keep = min(int(np.searchsorted(cumulative, self.top_p, side="left")) + 1, len(order))
-        kept = cumulative[:keep]
-        draw = self.rng.random() * kept[-1]
-        index = min(int(np.searchsorted(kept, draw, side="right")), keep - 1)
+        order, cumulative = self._kept(probs, top_k)
+        draw = self.rng.random() * cumulative[-1]
+        index = min(int(np.searchsorted(cumulative, draw, side="right")), len(order) - 1)
         return int(order[index])
+
+    def _kept(self, probs: np.ndarray, top_k: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+        """The ids left after top_k, top_p and min_p, in draw order, and their running sum.
+
+        With a cut that needs an order, ids come by falling probability (ties
+        by id); with only min_p (or nothing) to apply, in id order: no sort.
+        """
+        top_p, min_p = self.settings.top_p, self.settings.min_p
+        if top_k is not None:
+            order = top_k[np.argsort(-probs[top_k], kind="stable")]
+            cumulative = np.cumsum(probs[order])
+            # TopPLogitsWarper renormalises over what top_k left.
+            target = top_p * cumulative[-1]
+        elif top_p < 1.0:
+            order, cumulative = self._nucleus(probs)
+            target = top_p
+        elif min_p > 0.0:
+            order = np.flatnonzero(probs >= min_p * probs.max())
+            return order, np.cumsum(probs[order])
+        else:
+            return np.arange(len(probs)), np.cumsum(probs)
+        if top_p < 1.0:
+            # The smallest prefix whose mass reaches top_p; at least one token.
+            keep = min(int(np.searchsorted(cumulative, target, side="left")) + 1, len(order))
+            order, cumulative = order[:keep], cumulative[:keep]
+        if min_p > 0.0:
+            # A prefix too: the order falls, and its first id is the most likely one.
+            keep = int(np.count_nonzero(probs[order] >= min_p * probs[order[0]]))
+            order, cumulative = order[:keep], cumulative[:keep]
+        return order, cumulative
 
     def _nucleus(self, probs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Ids by falling probability (ties by id) and their running sum, far enough to reach top_p.
@@ -128,7 +295,7 @@ class Sampler:
             candidates = np.flatnonzero(probs >= threshold)
             order = candidates[np.argsort(-probs[candidates], kind="stable")]
             cumulative = np.cumsum(probs[order])
-            if cumulative[-1] >= self.top_p:
+            if cumulative[-1] >= self.settings.top_p:
                 return order, cumulative
             k *= 8
 

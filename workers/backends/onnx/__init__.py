@@ -1,25 +1,39 @@
-"""ONNX Runtime backend for decoder-only models exported the Hugging Face Optimum way.
+"""ONNX Runtime backend for decoder-only models as people download them.
 
-A model folder holds ``model.onnx`` (+ ``model.onnx_data``), ``config.json``,
-optionally ``generation_config.json``, ``tokenizer.json`` and a chat template
+A model folder holds the side files: ``config.json``, optionally
+``generation_config.json``, ``tokenizer.json`` and a chat template
 (``chat_template.jinja`` or ``tokenizer_config.json``'s ``chat_template``).
-The graph takes ``input_ids``, ``attention_mask``, maybe ``position_ids`` and
-``past_key_values.{i}.key/value`` and returns ``logits`` and
-``present.{i}.key/value``; names, cache dtype and shapes are read from the
-session, nothing is specific to one model.
+The decoder graph is a path relative to the folder, ``model.onnx`` by
+default (+ its external data file), and one of:
 
-The KV-cache loop uses IOBinding on every device: the small int64 inputs are
-bound from host arrays, the ``present.*`` outputs stay where the session
-computed them and are fed back as the next step's past, and only the logits
-come back to the host. On CUDA that means no per-step copies of the cache; on
+- Optimum's export (``model.onnx``), also as the onnx-community layout's
+  variants (``onnx/model.onnx``, ``onnx/model_q4.onnx``, ...);
+- the onnxruntime-genai builder's graph (GroupQueryAttention, int4
+  MatMulNBits), whose folder may have only ``genai_config.json``: context
+  length, token ids, cache shape and the IO names come from it, its
+  ``search`` section becomes the generation config;
+- Optimum's legacy merged decoder (``decoder_model_merged.onnx``, with a
+  ``use_cache_branch`` input). The older unmerged pair is refused.
+
+The graph takes ``input_ids``, ``attention_mask``, maybe ``position_ids``
+and the past keys/values and returns ``logits`` and the present ones; names
+(Optimum's unless genai_config.json gives others), id and cache dtypes and
+shapes are read from the session, nothing is specific to one model.
+
+The KV-cache loop uses IOBinding on every device: the small id inputs are
+bound from host arrays, the present outputs stay where the session computed
+them and are fed back as the next step's past, and only one logits row comes
+back to the host (a prompt's logits stay on the device, where a tiny graph
+takes the last row). On CUDA that means no per-step copies of the cache; on
 CPU the same code runs, so the CPU tests cover the binding logic CUDA uses.
 
 The modules, in the order a load and a generation use them:
 
-- ``model_folder``: reading the folder's configs, tokenizer and template source;
+- ``model_folder``: reading the folder's configs, tokenizer, template source and graph path;
 - ``chat_template``: compiling and rendering the chat template;
 - ``session``: the device, execution providers and threads of the session;
-- ``graph``: what the graph's inputs and outputs say (KV cache layout);
+- ``graph``: what the graph's inputs and outputs say (names, dtypes, KV cache layout);
+- ``last_row``: the last logits row of a prompt, taken on the device;
 - ``model``: :class:`OnnxModel`, the loaded model;
 - ``kv_decoder``: :class:`KVDecoder`, feeding ids through the session;
 - ``generation``: :class:`OnnxGeneration`, the decode loop, snapshot and resume;
@@ -31,9 +45,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from workers.backends.onnx.generation import OnnxGeneration
-from workers.backends.onnx.graph import GraphSpec
+from workers.backends.onnx.graph import GraphNames, GraphSpec
 from workers.backends.onnx.kv_decoder import KVDecoder
 from workers.backends.onnx.model import DEFAULT_PREFILL_CHUNK, OnnxModel
+from workers.backends.onnx.model_folder import MODEL_FILE
 from workers.backends.onnx.session import cuda_device_count
 
 
@@ -53,6 +68,7 @@ class OnnxRuntimeBackend:
         self,
         folder: Path,
         *,
+        graph: str = MODEL_FILE,
         device: str = "auto",
         device_id: int = 0,
         prefill_chunk: int | None = None,
@@ -61,12 +77,16 @@ class OnnxRuntimeBackend:
     ) -> OnnxModel:
         """Load a model folder onto ``device`` ("auto", "cpu" or "cuda").
 
-        Raises ``ModelLoadError`` with a one-line message for anything that
+        ``folder`` holds the side files (configs, tokenizer, chat template);
+        ``graph`` is the decoder graph's path relative to it ("model.onnx",
+        "onnx/model_q4.onnx", "decoder_model_merged.onnx", a genai builder's
+        file name). Raises ``ModelLoadError`` with a one-line message for anything that
         keeps the model from running: missing or corrupt files, a graph this
         loop cannot drive, or CUDA asked for but not really given.
         """
         return OnnxModel(
             Path(folder),
+            graph=graph,
             device=device,
             device_id=device_id,
             prefill_chunk=prefill_chunk or self.prefill_chunk,
@@ -77,6 +97,7 @@ class OnnxRuntimeBackend:
 
 __all__ = [
     "DEFAULT_PREFILL_CHUNK",
+    "GraphNames",
     "GraphSpec",
     "KVDecoder",
     "OnnxGeneration",

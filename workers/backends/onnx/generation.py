@@ -1,9 +1,10 @@
 """The generation loop: sample, detokenise, apply stop strings; and its snapshot/resume.
 
 A snapshot is JSON-able state taken between steps; resuming re-prefills the
-prompt and the ids generated so far and continues token for token as the
-interrupted generation would have. Prompt, token and snapshot errors raise
-``GenerationError``.
+prompt and the ids generated so far (replaying them step by step on a graph
+whose results depend on how its input is split) and continues token for
+token as the interrupted generation would have. Prompt, token and snapshot
+errors raise ``GenerationError``.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from workers.backends.onnx.error_text import one_line
 from workers.backends.sampling import Sampler
 
 if TYPE_CHECKING:
+    from workers.backends.onnx.kv_decoder import KVDecoder
     from workers.backends.onnx.model import OnnxModel
 
 SNAPSHOT_VERSION = 1
@@ -61,8 +63,14 @@ class OnnxGeneration:
         self.generated_ids = generated_ids or []
         if any(not 0 <= i < vocab for i in prompt_ids + self.generated_ids):
             raise GenerationError(f"token ids must lie in 0..{vocab - 1}")
-        temperature, top_p = model.defaults.resolve(params.temperature, params.top_p)
-        self.sampler = Sampler(temperature=temperature, top_p=top_p, seed=params.seed if seed is None else seed)
+        # The penalty's context is the prompt plus what was generated before a resume:
+        # the ids transformers would hold in input_ids at this point.
+        self.sampler = Sampler(
+            model.defaults.resolve(params),
+            seed=params.seed if seed is None else seed,
+            context_ids=prompt_ids + self.generated_ids,
+            vocab_size=model.vocab_size,
+        )
         self.seed = self.sampler.seed
         self.prompt_tokens = len(prompt_ids)
         room = model.context_length - len(prompt_ids)
@@ -170,11 +178,11 @@ class OnnxGeneration:
 
     def _run(self) -> Iterator[Step]:
         decoder = self.model.decoder()
-        pending = self.prompt_ids + self.generated_ids
         if self.generated_ids and self.generated_ids[-1] in self.model.eos_token_ids:
             # A snapshot taken right on the end-of-sequence step: only the flush is left.
             yield from self._finish(FINISH_EOS, self.generated_ids[:-1])
             return
+        pending = self._catch_up(decoder) if len(self.generated_ids) < self.max_output_tokens else []
         while True:
             if len(self.generated_ids) >= self.max_output_tokens:
                 yield from self._finish(FINISH_LENGTH, self.generated_ids)
@@ -196,6 +204,22 @@ class OnnxGeneration:
                 return
             yield Step(token, text)
             pending = [token]
+
+    def _catch_up(self, decoder: KVDecoder) -> list[int]:
+        """Bring a resumed generation's cache up to its last token; the ids to feed before the next sample.
+
+        Prompt and generated ids go in as one prefill, unless the graph
+        quantizes activations per call (``OnnxModel.replays_steps``): then the
+        prompt goes in as it did first and each generated id alone, as it did
+        when it was sampled, so the cache, and with it the next token, is the
+        one the interrupted generation had.
+        """
+        if not self.generated_ids or not self.model.replays_steps:
+            return self.prompt_ids + self.generated_ids
+        decoder.feed(self.prompt_ids)
+        for token in self.generated_ids[:-1]:
+            decoder.feed([token])
+        return self.generated_ids[-1:]
 
     def _finish(self, reason: str, text_ids: Sequence[int]) -> Iterator[Step]:
         text = self._flush(text_ids)

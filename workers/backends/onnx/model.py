@@ -13,15 +13,21 @@ from workers.backends.base import SamplingParams, StopCheck, request_messages
 from workers.backends.errors import GenerationError, ModelLoadError
 from workers.backends.onnx.chat_template import ChatTemplate
 from workers.backends.onnx.generation import OnnxGeneration
-from workers.backends.onnx.graph import graph_spec
+from workers.backends.onnx.graph import graph_spec, quantizes_per_call
 from workers.backends.onnx.kv_decoder import KVDecoder
+from workers.backends.onnx.last_row import LastRow
 from workers.backends.onnx.model_folder import (
+    GENAI_CONFIG,
     MODEL_FILE,
     context_length,
     eos_ids,
+    genai_generation_config,
+    genai_graph_names,
+    graph_file,
     load_tokenizer,
     read_json,
     read_template,
+    shape_hints,
 )
 from workers.backends.onnx.session import open_session
 from workers.backends.sampling import SamplingDefaults
@@ -32,7 +38,11 @@ DEFAULT_PREFILL_CHUNK = 512
 
 
 class OnnxModel:
-    """One model folder loaded into an ONNX Runtime session; implements ``LoadedModel``."""
+    """One model folder loaded into an ONNX Runtime session; implements ``LoadedModel``.
+
+    ``folder`` holds the side files (configs, tokenizer, chat template);
+    ``graph`` is the decoder graph's path relative to it.
+    """
 
     resumable = True
 
@@ -40,6 +50,7 @@ class OnnxModel:
         self,
         folder: Path,
         *,
+        graph: str = MODEL_FILE,
         device: str = "auto",
         device_id: int = 0,
         prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
@@ -47,30 +58,50 @@ class OnnxModel:
         spinning: bool = False,
     ) -> None:
         if prefill_chunk < 1:
-            raise ModelLoadError(f"prefill_chunk must be >= 1, got {prefill_chunk}")
+            raise ModelLoadError(f"prefill_chunk must be >= 1, got {prefill_chunk} (loading model {folder.name!r})")
         self.folder = folder
         self.name = folder.name
         self.prefill_chunk = prefill_chunk
         self.device_id = device_id
         if not folder.is_dir():
             raise ModelLoadError(f"model folder {str(folder)!r} does not exist")
-        model_path = folder / MODEL_FILE
-        if not model_path.is_file():
-            raise ModelLoadError(f"model folder {folder.name!r} has no {MODEL_FILE}")
-        self.config = read_json(folder / "config.json", required=True)
-        self.generation_config = read_json(folder / "generation_config.json", required=False)
+        model_path = graph_file(folder, graph)
+        self.graph_file = Path(graph).as_posix()
+        self.where = f"{self.graph_file} of model {self.name!r}"
+        # A genai builder folder may have only genai_config.json; config.json wins where both exist.
+        genai = read_json(folder / GENAI_CONFIG, required=False)
+        self.config = read_json(folder / "config.json", required=not genai)
+        self.generation_config = read_json(folder / "generation_config.json", required=False) or (
+            genai_generation_config(genai)
+        )
         tokenizer_config = read_json(folder / "tokenizer_config.json", required=False)
         self.tokenizer = load_tokenizer(folder)
         template = read_template(folder, tokenizer_config)
         self._template = ChatTemplate(template, folder, tokenizer_config) if template else None
         self.eos_token_ids = eos_ids(self.generation_config, self.config, tokenizer_config, self.tokenizer)
-        self.context_length = context_length(self.config, folder)
+        self.context_length = context_length(self.config, genai, folder)
         self.defaults = SamplingDefaults.from_generation_config(self.generation_config)
 
-        self.session, self.device_type = open_session(model_path, device, device_id, intra_op_threads, spinning)
+        self.session, self.device_type = open_session(
+            model_path, device, device_id, intra_op_threads, spinning, where=self.where
+        )
         self.provider: str = self.session.get_providers()[0]
-        self.graph = graph_spec(self.session, self.config, folder)
-        log.debug("model %s loaded on %s", self.name, self.provider)
+        hints = shape_hints(self.config, genai)
+        self.graph = graph_spec(self.session, genai_graph_names(genai, graph), hints, self.where)
+        self.vocab_size = self._vocab_size(hints.vocab_size)
+        # Resuming replays the generated ids one call each where a different split changes the logits.
+        self.replays_steps = quantizes_per_call(model_path)
+        self.last_row: LastRow | None = LastRow(self.graph.logits_type, self.device_type, device_id, where=self.where)
+        log.debug("model %s loaded on %s from %s", self.name, self.provider, self.graph_file)
+
+    def _vocab_size(self, configured: int | None) -> int:
+        """The logits' width: the graph's static dimension, else the configs, else the tokenizer's size.
+
+        It can exceed the tokenizer's size (embedding tables padded to a multiple of 64 or 128).
+        """
+        shape = next(o.shape for o in self._require_session().get_outputs() if o.name == self.graph.names.logits)
+        static = shape[-1] if shape and isinstance(shape[-1], int) else None
+        return static or configured or self.tokenizer.get_vocab_size(with_added_tokens=True)
 
     # -- prompts ------------------------------------------------------------
 
@@ -111,5 +142,6 @@ class OnnxModel:
         return OnnxGeneration.from_snapshot(self, snapshot, params, should_stop)
 
     def close(self) -> None:
-        """Drop the session (and with it the weights and device memory)."""
+        """Drop the sessions (and with them the weights and device memory)."""
         self.session = None
+        self.last_row = None

@@ -1,4 +1,12 @@
-"""Reading a model folder: its JSON configs, tokenizer and chat template source.
+"""Reading a model folder: its JSON configs, tokenizer, chat template source and decoder graph.
+
+The side files (``config.json``, ``generation_config.json``,
+``genai_config.json``, the tokenizer files, the chat template) live in the
+folder; the decoder graph is a path relative to it (``model.onnx``,
+``onnx/model_q4.onnx``, ``decoder_model_merged.onnx``, a genai builder's
+file name). A folder the onnxruntime-genai builder wrote may have only
+``genai_config.json``: its ``model`` section stands in for ``config.json``
+and its ``search`` section for ``generation_config.json``.
 
 Everything a folder is missing or has unreadable raises ``ModelLoadError``
 naming the model and the file.
@@ -15,8 +23,16 @@ from tokenizers import Tokenizer
 
 from workers.backends.errors import ModelLoadError
 from workers.backends.onnx.error_text import one_line
+from workers.backends.onnx.graph import GraphNames, ShapeHints
 
 MODEL_FILE = "model.onnx"
+GENAI_CONFIG = "genai_config.json"
+# Optimum's legacy unmerged pair: the first graph has no cache inputs, the
+# second needs a cache the first made; this loop drives one graph.
+_LEGACY_UNMERGED = ("decoder_model.onnx", "decoder_with_past_model.onnx")
+# genai_config.json's search keys that mean the same in generation_config.json.
+_GENAI_SEARCH_KEYS = ("do_sample", "temperature", "top_k", "top_p", "repetition_penalty", "min_p")
+_GENAI_TOKEN_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id")
 
 
 def read_json(path: Path, *, required: bool) -> dict[str, Any]:
@@ -91,9 +107,96 @@ def eos_ids(
     return frozenset() if token_id is None else frozenset({token_id})
 
 
-def context_length(config: Mapping[str, Any], folder: Path) -> int:
+def graph_file(folder: Path, graph: str) -> Path:
+    """The decoder graph's path; refused when it is missing, outside the folder or half of a legacy pair."""
+    relative = Path(graph)
+    if relative.is_absolute() or ".." in relative.parts or not relative.parts:
+        raise ModelLoadError(f"graph {graph!r} of model {folder.name!r} is not a path inside the model folder")
+    if relative.name in _LEGACY_UNMERGED:
+        raise ModelLoadError(
+            f"{graph} of model {folder.name!r} is half of Optimum's legacy unmerged export "
+            "(decoder_model.onnx without a cache + decoder_with_past_model.onnx with one), which this backend "
+            "does not drive; use the folder's decoder_model_merged.onnx if it has one, or re-export with "
+            "`optimum-cli export onnx --task text-generation-with-past` (one model.onnx)"
+        )
+    path = folder / relative
+    # exists(), not is_file(): see read_json.
+    if not path.exists() or path.is_dir():
+        raise ModelLoadError(f"model folder {folder.name!r} has no {relative.as_posix()}")
+    return path
+
+
+def _section(data: Mapping[str, Any], *keys: str) -> Mapping[str, Any]:
+    """A nested JSON object, or {} where any level is missing or not an object."""
+    for key in keys:
+        value = data.get(key)
+        data = value if isinstance(value, Mapping) else {}
+    return data
+
+
+def _positive_int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def genai_generation_config(genai: Mapping[str, Any]) -> dict[str, Any]:
+    """genai_config.json's search defaults and token ids under generation_config.json's keys."""
+    search, model = _section(genai, "search"), _section(genai, "model")
+    config = {key: search[key] for key in _GENAI_SEARCH_KEYS if key in search}
+    config.update({key: model[key] for key in _GENAI_TOKEN_KEYS if model.get(key) is not None})
+    return config
+
+
+def genai_graph_names(genai: Mapping[str, Any], graph: str) -> GraphNames:
+    """The decoder's IO names genai_config.json gives, when it describes ``graph``; else Optimum's."""
+    decoder = _section(genai, "model", "decoder")
+    filename = decoder.get("filename")
+    if not isinstance(filename, str) or Path(filename).as_posix() != Path(graph).as_posix():
+        return GraphNames()
+    inputs, outputs = _section(decoder, "inputs"), _section(decoder, "outputs")
+    default = GraphNames()
+
+    def name(section: Mapping[str, Any], key: str, fallback: str) -> str:
+        value = section.get(key)
+        return value if isinstance(value, str) and value else fallback
+
+    return GraphNames(
+        input_ids=name(inputs, "input_ids", default.input_ids),
+        attention_mask=name(inputs, "attention_mask", default.attention_mask),
+        position_ids=name(inputs, "position_ids", default.position_ids),
+        logits=name(outputs, "logits", default.logits),
+        past_key=name(inputs, "past_key_names", default.past_key),
+        past_value=name(inputs, "past_value_names", default.past_value),
+        present_key=name(outputs, "present_key_names", default.present_key),
+        present_value=name(outputs, "present_value_names", default.present_value),
+    )
+
+
+def shape_hints(config: Mapping[str, Any], genai: Mapping[str, Any]) -> ShapeHints:
+    """KV heads, head size, layers and vocabulary: config.json first, genai_config.json for the rest."""
+    heads = _positive_int(config.get("num_attention_heads")) or _positive_int(config.get("n_head"))
+    hidden = _positive_int(config.get("hidden_size")) or _positive_int(config.get("n_embd"))
+    kv_heads = _positive_int(config.get("num_key_value_heads")) or heads
+    head_dim = _positive_int(config.get("head_dim")) or (hidden // heads if hidden and heads else None)
+    decoder = _section(genai, "model", "decoder")
+    sources = [name for name, data in (("config.json", config), (GENAI_CONFIG, genai)) if data]
+    return ShapeHints(
+        kv_heads=kv_heads or _positive_int(decoder.get("num_key_value_heads")),
+        head_dim=head_dim or _positive_int(decoder.get("head_size")),
+        # Only genai's count: it is the one its own runtime builds the cache names from.
+        layers=_positive_int(decoder.get("num_hidden_layers")),
+        vocab_size=_positive_int(config.get("vocab_size")) or _positive_int(_section(genai, "model").get("vocab_size")),
+        source=" and ".join(sources) or "config.json",
+    )
+
+
+def context_length(config: Mapping[str, Any], genai: Mapping[str, Any], folder: Path) -> int:
     for key in ("max_position_embeddings", "n_positions", "max_sequence_length"):
-        value = config.get(key)
-        if isinstance(value, int) and value > 0:
+        value = _positive_int(config.get(key))
+        if value:
             return value
+    value = _positive_int(_section(genai, "model").get("context_length"))
+    if value:
+        return value
+    if genai and not config:
+        raise ModelLoadError(f"{GENAI_CONFIG} of model {folder.name!r} has no model.context_length")
     raise ModelLoadError(f"config.json of model {folder.name!r} has no max_position_embeddings")

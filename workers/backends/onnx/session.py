@@ -79,28 +79,44 @@ def _session_options(intra_op_threads: int | None, spinning: bool) -> ort.Sessio
 
 
 def _create_session(
-    path: Path, providers: list[Any], intra_op_threads: int | None, spinning: bool
+    model: Path | bytes, providers: list[Any], intra_op_threads: int | None, spinning: bool, where: str
 ) -> ort.InferenceSession:
+    source = str(model) if isinstance(model, Path) else model
     try:
-        return ort.InferenceSession(str(path), _session_options(intra_op_threads, spinning), providers=providers)
+        return ort.InferenceSession(source, _session_options(intra_op_threads, spinning), providers=providers)
     except Exception as exc:  # onnxruntime raises its own pybind exception types
-        log.warning("onnxruntime could not load %s", path, exc_info=True)
-        raise ModelLoadError(f"onnxruntime could not load {path.parent.name}/{path.name}: {one_line(exc)}") from None
+        log.warning("onnxruntime could not load %s", where, exc_info=True)
+        raise ModelLoadError(f"onnxruntime could not load {where}: {one_line(exc)}") from None
 
 
 def open_session(
-    path: Path, device: str, device_id: int, intra_op_threads: int | None, spinning: bool
+    path: Path, device: str, device_id: int, intra_op_threads: int | None, spinning: bool, *, where: str
 ) -> tuple[ort.InferenceSession, str]:
-    """A session on the requested device and the device type its cache lives on ("cpu"/"cuda")."""
+    """A session on the requested device and the device type its cache lives on ("cpu"/"cuda").
+
+    ``where`` ("<graph> of model '<name>'") names the graph in errors and logs.
+    """
     if device not in DEVICES:
-        raise ModelLoadError(f"unknown device {device!r}; use one of {', '.join(DEVICES)}")
-    create = partial(_create_session, path, intra_op_threads=intra_op_threads, spinning=spinning)
+        raise ModelLoadError(f"unknown device {device!r} for {where}; use one of {', '.join(DEVICES)}")
+    create = partial(_create_session, path, intra_op_threads=intra_op_threads, spinning=spinning, where=where)
     if device == "cpu":
         return create([CPU_PROVIDER]), "cpu"
     cuda_built = CUDA_PROVIDER in ort.get_available_providers()
     if device == "cuda":
-        return _open_cuda(create, device_id, cuda_built), "cuda"
-    return _open_auto(create, device_id, cuda_built, path.parent.name)
+        return _open_cuda(create, device_id, cuda_built, where), "cuda"
+    return _open_auto(create, device_id, cuda_built, where)
+
+
+def open_helper_session(model: bytes, device_type: str, device_id: int, *, where: str) -> ort.InferenceSession:
+    """A session for a small graph of our own on the device a model's session already runs on.
+
+    One thread and no spinning: it runs one tiny node per prefill call.
+    """
+    providers = _cuda_providers(device_id) if device_type == "cuda" else [CPU_PROVIDER]
+    session = _create_session(model, providers, 1, False, where)
+    if device_type == "cuda" and session.get_providers()[0] != CUDA_PROVIDER:
+        raise ModelLoadError(f"onnxruntime fell back to {session.get_providers()[0]} for {where}")
+    return session
 
 
 def _cuda_providers(device_id: int) -> list[Any]:
@@ -108,23 +124,25 @@ def _cuda_providers(device_id: int) -> list[Any]:
     return [(CUDA_PROVIDER, {"device_id": device_id}), CPU_PROVIDER]
 
 
-def _open_cuda(create: _CreateSession, device_id: int, cuda_built: bool) -> ort.InferenceSession:
+def _open_cuda(create: _CreateSession, device_id: int, cuda_built: bool, where: str) -> ort.InferenceSession:
     if not cuda_built:
-        raise ModelLoadError("CUDA requested but this onnxruntime build has no CUDAExecutionProvider")
+        raise ModelLoadError(f"CUDA requested for {where} but this onnxruntime build has no CUDAExecutionProvider")
     count = cuda_device_count()
     if count <= device_id:
-        raise ModelLoadError(f"CUDA requested but the CUDA driver reports {count} device(s); wanted #{device_id}")
+        raise ModelLoadError(
+            f"CUDA requested for {where} but the CUDA driver reports {count} device(s); wanted #{device_id}"
+        )
     session = create(_cuda_providers(device_id))
     if session.get_providers()[0] != CUDA_PROVIDER:
         raise ModelLoadError(
-            f"CUDA requested but onnxruntime fell back to {session.get_providers()[0]} "
+            f"CUDA requested for {where} but onnxruntime fell back to {session.get_providers()[0]} "
             "(CUDA/cuDNN libraries missing or unusable; see the worker's stderr)"
         )
     return session
 
 
 def _open_auto(
-    create: _CreateSession, device_id: int, cuda_built: bool, model_name: str
+    create: _CreateSession, device_id: int, cuda_built: bool, where: str
 ) -> tuple[ort.InferenceSession, str]:
     """CUDA when it really works, else a clean CPU session."""
     if cuda_built and cuda_device_count() > device_id:
@@ -134,7 +152,7 @@ def _open_auto(
             session = None
         if session is not None and session.get_providers()[0] == CUDA_PROVIDER:
             return session, "cuda"
-        log.warning("CUDA device found but onnxruntime could not use it for %s; using the CPU", model_name)
+        log.warning("CUDA device found but onnxruntime could not use it for %s; using the CPU", where)
         if session is not None:
             return session, "cpu"  # it already fell back to the CPU provider alone
     return create([CPU_PROVIDER]), "cpu"
