@@ -57,13 +57,19 @@ MIN_MARGIN = 0.1
 SEED_TRIES = 400
 # A quantized graph's margins are only known after the export; below this, the next seed.
 MIN_QUANTIZED_MARGIN = 0.04
+# A float16 graph rounds every activation and its logits to float16 (1/1024 of their size): where two
+# runtimes or two prefill splits round differently, the logits move by more than an fp32 graph's do.
+MIN_FP16_MARGIN = 0.05
 FIXTURE_TRIES = 20
 MIN_OUTPUT_TOKENS = 12
 INT8_CHUNK = 8
 # The file name the builder's int4 Phi-3 downloads use, in our model's words.
 GENAI_LONG_FILENAME = "llama-tiny-cpu-int4-rtn-block-32-acc-level-4.onnx"
 # A folder with several variants (onnx-community) gets the most; the whole tree stays under 5 MB.
-MAX_FIXTURE_BYTES = 720 * 1024
+MAX_FIXTURE_BYTES = 1408 * 1024
+# transformers.js's scripts/quantize.py (how onnx-community makes its variants): bnb4 is NF4 in
+# blocks of 64, as bitsandbytes' Linear4bit; q4 and q4f16 blocks of 32.
+BNB4_BLOCK = 64
 
 SHORT_REQUEST: dict[str, Any] = {"input": "Tell me a story about the sea.", "max_output_tokens": MAX_NEW_TOKENS}
 LONG_REQUEST: dict[str, Any] = {
@@ -393,6 +399,7 @@ def export_flat(built: Built, out: Path) -> None:
 
 def export_community(built: Built, out: Path, work: Path) -> None:
     from onnxruntime.quantization import QuantType, quantize_dynamic
+    from onnxruntime.quantization.matmul_bnb4_quantizer import MatMulBnb4Quantizer
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
     flat = work / "community-flat"
@@ -415,6 +422,39 @@ def export_community(built: Built, out: Path, work: Path) -> None:
     q4 = work / "community-q4.onnx"
     onnx.save_model(quantizer.model.model, str(q4))
     resave_external(q4, onnx_dir / "model_q4.onnx")
+
+    uint8 = work / "community-uint8.onnx"
+    quantize_dynamic(flat / "model.onnx", uint8, weight_type=QuantType.QUInt8)
+    resave_external(uint8, onnx_dir / "model_uint8.onnx")
+
+    fp16 = work / "community-fp16.onnx"
+    onnx.save_model(float16_graph(flat / "model.onnx"), str(fp16))
+    resave_external(fp16, onnx_dir / "model_fp16.onnx")
+
+    # As transformers.js makes q4f16: the q4 graph, then converted to float16.
+    q4f16 = work / "community-q4f16.onnx"
+    onnx.save_model(float16_graph(q4), str(q4f16))
+    resave_external(q4f16, onnx_dir / "model_q4f16.onnx")
+
+    bnb4_quantizer = MatMulBnb4Quantizer(
+        onnx.load(str(flat / "model.onnx")), quant_type=MatMulBnb4Quantizer.NF4, block_size=BNB4_BLOCK
+    )
+    bnb4_quantizer.process()
+    bnb4 = work / "community-bnb4.onnx"
+    onnx.save_model(bnb4_quantizer.model.model, str(bnb4))
+    resave_external(bnb4, onnx_dir / "model_bnb4.onnx")
+
+
+def float16_graph(src: Path) -> onnx.ModelProto:
+    """``src`` converted by onnxruntime's float16 converter, inputs and outputs included.
+
+    As onnx-community's fp16 and q4f16 files: the KV cache in and out and the
+    logits are float16 (their config.json tells transformers.js
+    ``kv_cache_dtype: float16``); the id inputs stay int64.
+    """
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    return convert_float_to_float16(onnx.load(str(src)), keep_io_types=False)
 
 
 def export_genai(built: Built, out: Path, work: Path, precision: str, genai_python: str, filename: str | None) -> None:
@@ -553,7 +593,9 @@ class Variant:
     # "transformers", "optimum" or "onnxruntime-genai": whose tokens are the reference.
     reference: str
     checks: tuple[str, ...] = ()
-    chunked_int8: bool = False
+    # Dynamically quantized (int8, uint8): also record a prefill in chunks, which gives other tokens.
+    quantizes_per_call: bool = False
+    min_margin: float = MIN_QUANTIZED_MARGIN
 
 
 @dataclass(frozen=True)
@@ -620,13 +662,21 @@ FIXTURES: tuple[Fixture, ...] = (
         layout="onnx-community",
         variants=(
             Variant("qwen2-community", "onnx/model.onnx", "transformers", ("optimum",)),
-            Variant("qwen2-community:int8", "onnx/model_int8.onnx", "optimum", chunked_int8=True),
+            Variant("qwen2-community:int8", "onnx/model_int8.onnx", "optimum", quantizes_per_call=True),
             Variant("qwen2-community:q4", "onnx/model_q4.onnx", "optimum"),
+            # Checked after the three above, so that a seed they reject is still rejected first.
+            Variant("qwen2-community:fp16", "onnx/model_fp16.onnx", "optimum", min_margin=MIN_FP16_MARGIN),
+            Variant("qwen2-community:q4f16", "onnx/model_q4f16.onnx", "optimum", min_margin=MIN_FP16_MARGIN),
+            Variant("qwen2-community:uint8", "onnx/model_uint8.onnx", "optimum", quantizes_per_call=True),
+            Variant("qwen2-community:bnb4", "onnx/model_bnb4.onnx", "optimum"),
         ),
         export=lambda built, out, work, _args: export_community(built, out, work),
         tool=(
             "optimum main_export (fp32), re-saved with external data; int8: onnxruntime.quantization.quantize_dynamic "
-            "(QInt8); q4: onnxruntime.quantization MatMulNBitsQuantizer (4 bits, block 32, symmetric)"
+            "(QInt8); q4: onnxruntime.quantization MatMulNBitsQuantizer (4 bits, block 32, symmetric); "
+            "uint8: quantize_dynamic (QUInt8); fp16: onnxruntime.transformers.float16.convert_float_to_float16 "
+            "(float16 inputs and outputs); q4f16: the q4 graph through the same converter; "
+            "bnb4: onnxruntime.quantization MatMulBnb4Quantizer (NF4, block 64)"
         ),
     ),
     _flat("llama-tiny", "llama", 300),
@@ -705,7 +755,7 @@ def run_variant(
         if "\x00" in tokenizer.decode(output):
             # The seed search checks transformers' text only; a quantized graph can still write one.
             raise WeakReference(f"{variant.name}: the reference text has a NUL, which PostgreSQL cannot store")
-        if margin < MIN_QUANTIZED_MARGIN:
+        if margin < variant.min_margin:
             raise WeakReference(f"{variant.name}: a top-2 margin of {margin:.4f} in {variant.reference}")
         case: dict[str, Any] = {
             "request": request,
@@ -720,7 +770,7 @@ def run_variant(
         }
         if variant.reference != "transformers":
             case["transformers_fp32_output_ids"] = runs["transformers"][0]
-        if variant.chunked_int8:
+        if variant.quantizes_per_call:
             case["ort_chunked_prefill"] = _chunked_prefill(folder / variant.graph, config, reference_gen, ids, output)
         cases.append(case)
         margins.append(margin)

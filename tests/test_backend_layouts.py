@@ -42,6 +42,7 @@ CASES = [
 GENAI = [key for key, reference in REFERENCES.items() if reference["layout"] == "genai-builder"]
 MERGED = [key for key, reference in REFERENCES.items() if reference["layout"] == "optimum-legacy-merged"]
 INT8 = "qwen2-community:int8"
+UINT8 = "qwen2-community:uint8"
 GENAI_SEARCH_KEYS = ("do_sample", "temperature", "top_k", "top_p", "repetition_penalty", "min_p")
 
 Loader = Callable[[str, int], OnnxModel]
@@ -130,8 +131,10 @@ def assert_load_fails(folder: Path, needle: str, **kwargs: Any) -> str:
 def test_the_fixtures_cover_every_layout_and_the_quantized_variants() -> None:
     layouts = {reference["layout"] for reference in REFERENCES.values()}
     assert layouts == {"optimum-flat", "onnx-community", "genai-builder", "optimum-legacy-merged"}
-    assert {"qwen2-community:int8", "qwen2-community:q4", "llama-genai-int4"} <= set(REFERENCES)
+    community = {f"qwen2-community:{tag}" for tag in ("int8", "uint8", "q4", "q4f16", "fp16", "bnb4")}
+    assert community | {"llama-genai-int4"} <= set(REFERENCES)
     assert "ort_chunked_prefill" in REFERENCES[INT8]["cases"][0]
+    assert "ort_chunked_prefill" in REFERENCES[UINT8]["cases"][0]
 
 
 @pytest.mark.parametrize(("key", "index"), CASES)
@@ -212,7 +215,7 @@ def test_onnx_community_variants_load_from_the_parent_folder(load: Loader) -> No
 
 def test_a_missing_graph_or_one_outside_the_folder_is_named(tmp_path: Path) -> None:
     folder = MODELS / REFERENCES["qwen2-community"]["folder"]
-    message = assert_load_fails(folder, "has no onnx/model_fp16.onnx", graph="onnx/model_fp16.onnx")
+    message = assert_load_fails(folder, "has no onnx/model_q8f16.onnx", graph="onnx/model_q8f16.onnx")
     assert str(MODELS) not in message  # the path inside the folder, not the host's
     assert_load_fails(folder, "not a path inside the model folder", graph="../qwen2-tiny/model.onnx")
 
@@ -324,12 +327,29 @@ def test_int8_logits_depend_on_the_prefill_split_so_the_prompt_goes_in_one_call(
     old.feed(prompt[:-1])
     assert np.abs(old.feed(prompt[-1:]) - one_call).max() > 0.05
 
-    # fp32 does not care how the prompt is split; only int8 makes a resume replay its steps one call each.
+    # fp32 does not care how the prompt is split; int8 and uint8 make a resume replay its steps one call each.
     fp32 = load("qwen2-community", WHOLE)
-    assert int8.replays_steps and not fp32.replays_steps and not load("qwen2-community:q4", WHOLE).replays_steps
+    assert int8.replays_steps and load(UINT8, WHOLE).replays_steps and not fp32.replays_steps
+    assert not any(load(f"qwen2-community:{tag}", WHOLE).replays_steps for tag in ("q4", "bnb4"))
     split = fp32.decoder()
     split.feed(prompt[:-1])
     np.testing.assert_allclose(split.feed(prompt[-1:]), one_call_logits(fp32, prompt), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("key", ["qwen2-community:fp16", "qwen2-community:q4f16"])
+def test_float16_logits_depend_on_the_split_so_a_resume_replays_its_steps(load: Loader, key: str) -> None:
+    """One call over the prompt and the ids generated so far rounds otherwise than the steps did."""
+    model = load(key, WHOLE)
+    assert model.graph.float16 and model.replays_steps
+    case = case_of(key, 1)
+    prompt, output = case["prompt_ids"], case["output_ids"]
+    steps = model.decoder()
+    steps.feed(prompt)
+    differing = 0
+    for k in range(1, len(output)):
+        row = steps.feed(output[k - 1 : k])
+        differing += not np.array_equal(row, one_call_logits(model, prompt + output[:k]))
+    assert differing > 0
 
 
 def _declared_as(model: onnx.ModelProto, name: str, element: int, *, output: bool) -> None:

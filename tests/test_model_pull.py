@@ -251,8 +251,9 @@ def test_an_unknown_variant_names_the_repositorys_variants(pull, models: Path):
     message = failed(pull(REPO_ID, "--variant", "q8"))
 
     assert message == (
-        f"{REPO_ID} has no variant 'q8'; it has: the default (onnx/model.onnx), int8 (onnx/model_int8.onnx), "
-        "q4 (onnx/model_q4.onnx)"
+        f"{REPO_ID} has no variant 'q8'; it has: the default (onnx/model.onnx), bnb4 (onnx/model_bnb4.onnx), "
+        "fp16 (onnx/model_fp16.onnx), int8 (onnx/model_int8.onnx), q4 (onnx/model_q4.onnx), "
+        "q4f16 (onnx/model_q4f16.onnx), uint8 (onnx/model_uint8.onnx)"
     )
     assert ModelRecord.objects.count() == 0
     assert downloaded_files(models) == []

@@ -46,6 +46,10 @@ EXPECTED = {
     COMMUNITY: (COMMUNITY, "onnx/model.onnx", "onnx-community"),
     f"{COMMUNITY}:int8": (COMMUNITY, "onnx/model_int8.onnx", "onnx-community"),
     f"{COMMUNITY}:q4": (COMMUNITY, "onnx/model_q4.onnx", "onnx-community"),
+    f"{COMMUNITY}:fp16": (COMMUNITY, "onnx/model_fp16.onnx", "onnx-community"),
+    f"{COMMUNITY}:q4f16": (COMMUNITY, "onnx/model_q4f16.onnx", "onnx-community"),
+    f"{COMMUNITY}:uint8": (COMMUNITY, "onnx/model_uint8.onnx", "onnx-community"),
+    f"{COMMUNITY}:bnb4": (COMMUNITY, "onnx/model_bnb4.onnx", "onnx-community"),
     GENAI: (GENAI, "model.onnx", "genai"),
     GENAI_INT4: (GENAI_INT4, INT4_GRAPH, "genai"),
     LEGACY: (LEGACY, "decoder_model_merged.onnx", "optimum-merged"),
@@ -142,7 +146,7 @@ def test_a_variant_digest_covers_only_the_files_it_uses(root):
     folder = copy(COMMUNITY, root)
     model_scan()
     before = {m.name: m.digest for m in ModelRecord.objects.all()}
-    assert len(set(before.values())) == 3
+    assert len(set(before.values())) == len(EXPECTED_COMMUNITY)
 
     with (folder / "onnx" / "model_q4.onnx_data").open("ab") as fh:
         fh.write(b"\0")
@@ -155,7 +159,7 @@ def test_a_variant_digest_covers_only_the_files_it_uses(root):
         n: d for n, d in before.items() if not n.endswith(":q4")
     }
 
-    # A side file all three variants read: each one changes, and the file is hashed once.
+    # A side file every variant reads: each one changes, and the file is hashed once.
     config = folder / "generation_config.json"
     config.write_text(config.read_text() + "\n")
     shared = model_scan()
@@ -183,6 +187,10 @@ def test_tag_folders_take_the_same_layouts_and_onnx_is_never_a_tag(root):
         "qwen2:v2": ("qwen2/v2", "onnx/model.onnx", "onnx-community"),
         "qwen2:v2-int8": ("qwen2/v2", "onnx/model_int8.onnx", "onnx-community"),
         "qwen2:v2-q4": ("qwen2/v2", "onnx/model_q4.onnx", "onnx-community"),
+        "qwen2:v2-fp16": ("qwen2/v2", "onnx/model_fp16.onnx", "onnx-community"),
+        "qwen2:v2-q4f16": ("qwen2/v2", "onnx/model_q4f16.onnx", "onnx-community"),
+        "qwen2:v2-uint8": ("qwen2/v2", "onnx/model_uint8.onnx", "onnx-community"),
+        "qwen2:v2-bnb4": ("qwen2/v2", "onnx/model_bnb4.onnx", "onnx-community"),
         "llama:base": ("llama/base", "model.onnx", "optimum"),
         "llama:int4": ("llama/int4", INT4_GRAPH, "genai"),
     }
@@ -295,7 +303,8 @@ def test_a_variant_file_that_cannot_be_read_is_a_problem_not_a_traceback(root):
     output = scan_output(root)
 
     assert f"skipped {COMMUNITY}:q4: onnx/model_q4.onnx_data is not readable: Input/output error\n" in output
-    assert set(registered()) == {COMMUNITY, f"{COMMUNITY}:int8"}
+    # q4f16's own files are model_q4f16.onnx and its _data: it still registers.
+    assert set(registered()) == set(EXPECTED_COMMUNITY) - {f"{COMMUNITY}:q4"}
 
 
 @pytest.mark.django_db
@@ -327,7 +336,7 @@ def test_the_admins_rescan_shows_each_problem_beside_what_it_registered(admin_cl
     messages = [(message.level_tag, str(message)) for message in page.context["messages"]]
     assert messages[0] == (
         "success",
-        f"Rescanned models. added: {COMMUNITY}, {COMMUNITY}:int8, {COMMUNITY}:q4; updated: none; removed: none; "
+        f"Rescanned models. added: {', '.join(sorted(EXPECTED_COMMUNITY))}; updated: none; removed: none; "
         "unchanged: 0.",
     )
     assert messages[1:] == [

@@ -1,14 +1,15 @@
 """Models exported by the real tools, through the service: a real web server, real workers, real ONNX Runtime.
 
 ``tests/fixtures/models`` holds tiny random-weight exports in every layout
-the service loads (flat Optimum, onnx-community with int8 and q4 variants,
-onnxruntime-genai builder fp32 and int4, legacy merged Optimum), and
-``tests/fixtures/model_references.json`` what the exporting tools' own
-runtimes generated for them (``tests/fixtures/README.md``). Greedy text and
-usage must equal those references through ``POST /lmsp/v1/responses`` and
-through ``POST /tasks`` + its event stream, with the whole prompt in one call
-and with a prefill chunked in 8-token pieces; a generation whose worker is
-killed mid-way resumes token for token on each layout.
+the service loads (flat Optimum, onnx-community with its fp16, int8, uint8,
+q4, q4f16 and bnb4 variants, onnxruntime-genai builder fp32 and int4, legacy
+merged Optimum), and ``tests/fixtures/model_references.json`` what the
+exporting tools' own runtimes generated for them (``tests/fixtures/README.md``).
+Greedy text and usage must equal those references through
+``POST /lmsp/v1/responses`` and through ``POST /tasks`` + its event stream,
+with the whole prompt in one call and with a prefill chunked in 8-token
+pieces; a generation whose worker is killed mid-way resumes token for token
+on each layout.
 """
 
 from __future__ import annotations
@@ -45,8 +46,15 @@ from tests.support.worker import (
 FIXTURES = Path(__file__).parent / "fixtures"
 REFERENCES = json.loads((FIXTURES / "model_references.json").read_text(encoding="utf-8"))["models"]
 CHUNK = 8
-# Every layout the service loads once, the int8 graph (it resumes by replay) included.
-RESUME_MODELS = ["qwen2-tiny", "qwen2-community:q4", "qwen2-community:int8", "llama-genai-int4", "phi3-legacy"]
+# Every layout the service loads once, the int8 and fp16 graphs (they resume by replay) included.
+RESUME_MODELS = [
+    "qwen2-tiny",
+    "qwen2-community:q4",
+    "qwen2-community:int8",
+    "qwen2-community:fp16",
+    "llama-genai-int4",
+    "phi3-legacy",
+]
 
 CASES = [
     pytest.param(name, index, id=f"{name}-{'short' if index == 0 else 'long'}")

@@ -153,6 +153,17 @@ def test_greedy_ignores_every_sampling_cut() -> None:
     assert sampler(temperature=0.0, top_k=1, top_p=0.01, min_p=1.0).sample(logits) == 1
 
 
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_logits_that_are_not_finite_fail_the_generation_instead_of_picking_a_token(
+    temperature: float, bad: float
+) -> None:
+    # An fp16 graph that overflows yields NaN or inf; argmax alone would take it for the best token.
+    logits = np.array([0.0, 1.0, bad, 0.5], dtype=np.float32)
+    with pytest.raises(GenerationError, match="not finite"):
+        sampler(temperature=temperature).sample(logits)
+
+
 def test_the_nucleus_shortcut_matches_a_full_sort() -> None:
     """The partial sort must pick exactly what sorting the whole vocabulary picks, ties included."""
 

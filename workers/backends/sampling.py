@@ -191,6 +191,10 @@ class Sampler:
         row = self._penalise(logits)
         if self.greedy:
             token = int(np.argmax(row))
+            # argmax takes a NaN as the largest score: an fp16 overflow would
+            # otherwise become a token silently. One element checked, not the row.
+            if not np.isfinite(row[token]):
+                raise GenerationError("the model produced logits that are not finite numbers")
         else:
             token = self._draw(row)
         self._remember(token)
@@ -236,7 +240,11 @@ class Sampler:
             # TopKLogitsWarper removes only scores below the k-th largest: ties with it stay.
             threshold = np.partition(scores, size - settings.top_k)[size - settings.top_k]
             top_k = np.flatnonzero(scores >= threshold)
-        scores -= scores.max()
+        # max() is NaN if any score is; +inf or all -inf are not a distribution either.
+        peak = scores.max()
+        if not np.isfinite(peak):
+            raise GenerationError("the model produced logits that are not finite numbers")
+        scores -= peak
         probs = np.exp(scores)
         total = probs.sum()
         if not np.isfinite(total) or total <= 0:

@@ -209,10 +209,11 @@ class OnnxGeneration:
         """Bring a resumed generation's cache up to its last token; the ids to feed before the next sample.
 
         Prompt and generated ids go in as one prefill, unless the graph
-        quantizes activations per call (``OnnxModel.replays_steps``): then the
-        prompt goes in as it did first and each generated id alone, as it did
-        when it was sampled, so the cache, and with it the next token, is the
-        one the interrupted generation had.
+        quantizes activations per call or computes in float16
+        (``OnnxModel.replays_steps``): then the prompt goes in as it did first
+        and each generated id alone, as it did when it was sampled, so the
+        cache, and with it the next token, is the one the interrupted
+        generation had.
         """
         if not self.generated_ids or not self.model.replays_steps:
             return self.prompt_ids + self.generated_ids

@@ -82,6 +82,11 @@ class GraphSpec:
     def layers(self) -> int:
         return len(self.past_names) // 2
 
+    @property
+    def float16(self) -> bool:
+        """A float16 cache or float16 logits: the graph computes in float16, rounding as it goes."""
+        return self.kv_dtype is np.float16 or self.logits_type == "tensor(float16)"
+
 
 def graph_spec(session: ort.InferenceSession, names: GraphNames, hints: ShapeHints, where: str) -> GraphSpec:
     """Read the session's signature; ``where`` ("<graph> of model '<name>'") opens every error."""

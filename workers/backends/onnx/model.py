@@ -89,8 +89,10 @@ class OnnxModel:
         hints = shape_hints(self.config, genai)
         self.graph = graph_spec(self.session, genai_graph_names(genai, graph), hints, self.where)
         self.vocab_size = self._vocab_size(hints.vocab_size)
-        # Resuming replays the generated ids one call each where a different split changes the logits.
-        self.replays_steps = quantizes_per_call(model_path)
+        # Resuming replays the generated ids one call each where a different split changes the logits:
+        # per-call activation scales, or float16 rounding (one call over the prompt and the generated
+        # ids rounds otherwise than the steps did, by a few float16 steps: enough to flip a near tie).
+        self.replays_steps = self.graph.float16 or quantizes_per_call(model_path)
         self.last_row: LastRow | None = LastRow(self.graph.logits_type, self.device_type, device_id, where=self.where)
         log.debug("model %s loaded on %s from %s", self.name, self.provider, self.graph_file)
 
