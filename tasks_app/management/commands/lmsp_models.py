@@ -11,7 +11,10 @@ from tasks_app.services.model_scan import model_scan
 
 
 class Command(BaseCommand):
-    help = "Register the model folders under LMSP_MODELS_DIR (scan) or show the table (list)."
+    help = (
+        "Register the model folders under LMSP_MODELS_DIR (scan), show the table (list), "
+        "or download one model of a Hugging Face repository and register it (pull)."
+    )
 
     def add_arguments(self, parser: CommandParser) -> None:
         sub = parser.add_subparsers(dest="action", required=True)
