@@ -169,7 +169,7 @@ COMMUNITY_FIXTURE = Path(__file__).parent / "fixtures" / "models" / "qwen2-commu
 
 @pytest.fixture
 def community_root(models_root: Path) -> Path:
-    """The demo model and the onnx-community fixture (``qwen2-community``, ``:int8``, ``:q4``), registered."""
+    """The demo model and the onnx-community fixture (``qwen2-community`` and its variants), registered."""
     shutil.copytree(COMMUNITY_FIXTURE, models_root / "qwen2-community")
     model_scan()
     return models_root
@@ -178,7 +178,8 @@ def community_root(models_root: Path) -> Path:
 @pytest.mark.django_db
 def test_one_model_is_the_object_the_list_shows(api, community_root):
     listed = {model["id"]: model for model in api.get("/lmsp/v1/models", limit=100).json()["data"]}
-    assert set(listed) == {"demo", "qwen2-community", "qwen2-community:int8", "qwen2-community:q4"}
+    variants = {f"qwen2-community:{v}" for v in ("int8", "q4", "fp16", "q4f16", "uint8", "bnb4")}
+    assert set(listed) == {"demo", "qwen2-community", *variants}
 
     reply = api.get("/lmsp/v1/models/qwen2-community:q4")
 
