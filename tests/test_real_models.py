@@ -30,6 +30,7 @@ from tokenizers import Tokenizer
 from tasks_app.models import Task, TaskEvent
 from tasks_app.services.model_scan import model_scan
 from tasks_app.states import TaskStatus
+from tests.support.api import ApiClient
 from tests.support.db import database_url
 from tests.support.namespace import REDIS_PREFIX
 from tests.support.server import Server, uvicorn_process
@@ -232,8 +233,6 @@ def test_a_killed_generation_resumes_token_for_token(
         "LMSP_HEARTBEAT_SECONDS": "1",
         "LMSP_DELTA_BATCH_TOKENS": "2",
     }
-    from tests.support.api import ApiClient
-
     api = ApiClient(token)
     reply = api.create_task(on_restart="resume", input=request, headers={"Idempotency-Key": os.urandom(6).hex()})
     assert reply.status_code == 202, reply.content
