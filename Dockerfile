@@ -33,9 +33,9 @@ RUN uv python install "${PYTHON_VERSION}" \
 
 FROM ${CUDA_IMAGE}
 # tini as PID 1 reaps zombies and, with -g, passes SIGTERM to the whole
-# process group: a Celery worker's pool process stops its generation at once
-# and the main process applies the task's restart policy (docker-compose.yml,
-# x-lmsp-worker).
+# process group: a Celery worker takes no new task, lets its running tasks go
+# on for LMSP_DRAIN_SECONDS and hands each one left back by its restart
+# policy (docker-compose.yml, x-lmsp-worker).
 RUN apt-get update \
  && apt-get install -y --no-install-recommends tini \
  && rm -rf /var/lib/apt/lists/* \

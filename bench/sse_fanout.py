@@ -426,16 +426,18 @@ class Installation:
         if self.subscriber.stdout.readline().strip() != "subscribed":
             raise RuntimeError("the Redis subscriber did not start")
 
-    def start_web(self, label: str) -> None:
-        """A fresh uvicorn process; ``label`` names its profile and GC log."""
+    def web_argv(self, label: str) -> list[str]:
+        """The web process's command; ``label`` names its profile and GC log."""
         if self.args.profile_web or self.args.web_gc:
             profile = f"{Path(self.args.profile_web).resolve()}.{label}" if self.args.profile_web else "-"
             argv = [sys.executable, str(Path(__file__).resolve()), "--web-wrapper-mode", str(self.port)]
-            argv += [profile, str(self.tmp / f"web-gc-{label}.txt") if self.args.web_gc else "-"]
-        else:
-            argv = [sys.executable, "-m", "uvicorn", "lmsp_project.asgi:application", "--host", HOST]
-            argv += ["--port", str(self.port), "--no-access-log", "--backlog", "4096"]
-        self.web = self._spawn(argv, "web.log")
+            return [*argv, profile, str(self.tmp / f"web-gc-{label}.txt") if self.args.web_gc else "-"]
+        argv = [sys.executable, "-m", "uvicorn", "lmsp_project.asgi:application", "--host", HOST]
+        return [*argv, "--port", str(self.port), "--no-access-log", "--backlog", "4096"]
+
+    def start_web(self, label: str) -> None:
+        """A fresh web process, once it listens."""
+        self.web = self._spawn(self.web_argv(label), "web.log")
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             if self.web.poll() is not None:

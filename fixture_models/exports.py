@@ -38,13 +38,13 @@ from typing import Any
 
 import numpy as np
 import onnx
-import onnxruntime
 import torch
 import transformers
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, PreTrainedTokenizerFast
 
 from fixture_models.demo import _CORPUS
+from fixture_models.ort_loop import plain_greedy_ids
 
 # Byte tokens plus merges, before a family's special tokens are appended.
 BASE_VOCAB_SIZE = 384
@@ -533,52 +533,6 @@ def genai_generate(folder: Path, ids: list[int], max_new_tokens: int) -> tuple[l
     return new, margin
 
 
-def ort_kv_generate(
-    graph: Path, config: dict[str, Any], gen: dict[str, Any], ids: list[int], max_new_tokens: int, chunk: int | None
-) -> list[int]:
-    """A plain onnxruntime KV-cache loop: the prompt in chunks of ``chunk`` tokens (all at once if None)."""
-    session = onnxruntime.InferenceSession(str(graph), providers=["CPUExecutionProvider"])
-    names = [i.name for i in session.get_inputs()]
-    kv_heads = config.get("num_key_value_heads") or config["num_attention_heads"]
-    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
-    past = {
-        name: np.zeros((1, kv_heads, 0, head_dim), dtype=np.float32) for name in names if name.startswith("past_key")
-    }
-    eos = gen["eos_token_id"] if isinstance(gen["eos_token_id"], list) else [gen["eos_token_id"]]
-    penalty = float(gen.get("repetition_penalty") or 1.0)
-    sequence = list(ids)
-    pending = list(ids)
-    new: list[int] = []
-    while len(new) < max_new_tokens:
-        step = pending if chunk is None else pending[:chunk]
-        pending = pending[len(step) :]
-        start = len(sequence) - len(pending) - len(step)
-        feed = {
-            "input_ids": np.asarray([step], dtype=np.int64),
-            "attention_mask": np.ones((1, start + len(step)), dtype=np.int64),
-            "position_ids": np.arange(start, start + len(step), dtype=np.int64)[None, :],
-            **past,
-        }
-        outputs = dict(
-            zip([o.name for o in session.get_outputs()], session.run(None, {k: feed[k] for k in names}), strict=True)
-        )
-        past = {name: outputs[name.replace("past_key_values", "present")] for name in past}
-        if pending:
-            continue
-        logits = outputs["logits"][0, -1].astype(np.float32).copy()
-        if penalty != 1.0:
-            seen = np.unique(np.asarray(sequence))
-            values = logits[seen]
-            logits[seen] = np.where(values < 0, values * penalty, values / penalty)
-        token = int(np.argmax(logits))
-        new.append(token)
-        sequence.append(token)
-        if token in eos:
-            break
-        pending = [token]
-    return new
-
-
 # --------------------------------------------------------------------------- #
 # The fixtures
 # --------------------------------------------------------------------------- #
@@ -716,14 +670,25 @@ def _runtime_outputs(
     return runs
 
 
-def _chunked_prefill(
-    graph: Path, config: dict[str, Any], gen: dict[str, Any], ids: list[int], output: list[int]
-) -> dict[str, Any]:
+def _chunked_prefill(graph: Path, gen: dict[str, Any], ids: list[int], output: list[int]) -> dict[str, Any]:
     """A plain KV loop over a dynamically quantized graph, the prompt whole and in chunks."""
-    whole = ort_kv_generate(graph, config, gen, ids, len(output), None)
+    eos = gen["eos_token_id"] if isinstance(gen["eos_token_id"], list) else [gen["eos_token_id"]]
+    penalty = float(gen.get("repetition_penalty") or 1.0)
+
+    def loop(max_new_tokens: int, chunk: int | None) -> list[int]:
+        return plain_greedy_ids(
+            graph,
+            prompt_ids=ids,
+            max_new_tokens=max_new_tokens,
+            chunk=chunk,
+            repetition_penalty=penalty,
+            eos_token_ids=eos,
+        )
+
+    whole = loop(len(output), None)
     if whole != output:
         raise RuntimeError(f"{graph}: a whole-prompt ORT loop gives {whole}, optimum {output}")
-    chunked = ort_kv_generate(graph, config, gen, ids, MAX_NEW_TOKENS, INT8_CHUNK)
+    chunked = loop(MAX_NEW_TOKENS, INT8_CHUNK)
     return {"chunk_tokens": INT8_CHUNK, "output_ids": chunked, "equals_reference": chunked == output}
 
 
@@ -732,7 +697,6 @@ def run_variant(
 ) -> dict[str, Any]:
     """Every request through the reference runtime, checked against the others."""
     tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
-    config = built.model.config.to_dict()
     eos = (
         reference_gen["eos_token_id"]
         if isinstance(reference_gen["eos_token_id"], list)
@@ -771,7 +735,7 @@ def run_variant(
         if variant.reference != "transformers":
             case["transformers_fp32_output_ids"] = runs["transformers"][0]
         if variant.quantizes_per_call:
-            case["ort_chunked_prefill"] = _chunked_prefill(folder / variant.graph, config, reference_gen, ids, output)
+            case["ort_chunked_prefill"] = _chunked_prefill(folder / variant.graph, reference_gen, ids, output)
         cases.append(case)
         margins.append(margin)
     return {

@@ -7,8 +7,11 @@ localhost, models under ``models/``).
 
 from __future__ import annotations
 
+import math
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
@@ -17,16 +20,39 @@ from lmsp_project import edge_config
 from lmsp_project.secret_key import secret_key_load_or_create
 
 BASE_DIR = Path(__file__).resolve().parent.parent
+_Parsed = TypeVar("_Parsed")
 
 
-def _env_int(name: str, default: int) -> int:
+def _env_parsed(name: str, default: _Parsed, parse: Callable[[str], _Parsed], expected: str) -> _Parsed:
     raw = os.environ.get(name)
     if raw is None or raw == "":
         return default
     try:
-        return int(raw)
+        return parse(raw)
     except ValueError as exc:
-        raise ImproperlyConfigured(f"{name} must be an integer, got {raw!r}") from exc
+        raise ImproperlyConfigured(f"{name} must be {expected}, got {raw!r}") from exc
+
+
+def _env_int(name: str, default: int) -> int:
+    return _env_parsed(name, default, int, "an integer")
+
+
+def _env_int_at_least(name: str, default: int, minimum: int, meaning: str = "") -> int:
+    value = _env_int(name, default)
+    if value < minimum:
+        raise ImproperlyConfigured(f"{name} must be an integer >= {minimum}{meaning}, got {value}")
+    return value
+
+
+def _finite_float(raw: str) -> float:
+    value = float(raw)
+    if not math.isfinite(value):
+        raise ValueError(f"not finite: {raw}")
+    return value
+
+
+def _env_float(name: str, default: float) -> float:
+    return _env_parsed(name, default, _finite_float, "a finite number")
 
 
 def _env_bool(name: str, default: bool) -> bool:
@@ -302,6 +328,33 @@ LMSP_INTRA_OP_THREADS = _env_int("LMSP_INTRA_OP_THREADS", 0)
 LMSP_ORT_SPINNING = _env_bool("LMSP_ORT_SPINNING", False)
 # Prompt tokens fed to the model per prefill call.
 LMSP_PREFILL_CHUNK = _env_int("LMSP_PREFILL_CHUNK", 512)
+# Generations one worker process steps together, in one batch on its device
+# (docs/workers.md). The worker's threads pool takes as many tasks at once
+# (the Procfile's and compose's --concurrency follow it), so that a GPU never
+# idles while tasks wait in line behind one generation; 1 runs one at a time.
+LMSP_MAX_BATCH = _env_int_at_least("LMSP_MAX_BATCH", 8, 1)
+# KV cache bytes one engine may hold for its rows: a task whose cache would
+# not fit waits, in order, instead of the device running out of memory in
+# the middle of a step that every row shares. 0: automatic, from the share below.
+LMSP_KV_CACHE_BYTES = _env_int_at_least("LMSP_KV_CACHE_BYTES", 0, 0, " (0: automatic)")
+# The automatic budget: this share of the device memory free once the model
+# is loaded (CUDA), or of physical memory (CPU). The rest is for ONNX
+# Runtime's activations and for whatever else shares the device.
+LMSP_KV_CACHE_SHARE = _env_float("LMSP_KV_CACHE_SHARE", 0.5)
+if not 0 < LMSP_KV_CACHE_SHARE <= 1:
+    raise ImproperlyConfigured(f"LMSP_KV_CACHE_SHARE must be in (0, 1], got {LMSP_KV_CACHE_SHARE}")
+# On SIGTERM the running rows may go on generating this long, so that short
+# tasks finish instead of restarting; then each is handed back by its
+# on_restart policy. 0 (the default) hands back at once, which fits honcho's
+# 5 s before it kills; in compose, keep stop_grace_period above this plus the
+# hand-back commits (docker-compose.yml).
+LMSP_DRAIN_SECONDS = _env_float("LMSP_DRAIN_SECONDS", 0.0)
+if LMSP_DRAIN_SECONDS < 0:
+    raise ImproperlyConfigured(f"LMSP_DRAIN_SECONDS must be >= 0, got {LMSP_DRAIN_SECONDS}")
+# ONNX Runtime's CUDA arena grows until the device is full and never gives
+# memory back; a limit (gpu_mem_limit) keeps one worker from starving
+# another process on the same GPU. 0: no limit.
+LMSP_GPU_MEM_LIMIT_BYTES = _env_int_at_least("LMSP_GPU_MEM_LIMIT_BYTES", 0, 0, " (0: no limit)")
 # The sweeper (Celery beat) re-dispatches queued tasks whose message is not
 # known to be in the broker, this often, once they are this old.
 LMSP_SWEEP_INTERVAL_SECONDS = _env_int("LMSP_SWEEP_INTERVAL_SECONDS", 10)

@@ -5,8 +5,9 @@ One scrape target serves everything (docs/metrics.md):
 - from the database, one ``GROUP BY`` over the partial index ``task_active``:
   how many tasks are queued, loading, running or cancelling;
 - from Redis: the finished-task counters (``HINCRBY`` by whoever wins a
-  terminal move, after it commits), the Celery queues' lengths, and the
-  histograms every worker node adds to its own hash (``workers.run_metrics``);
+  terminal move, after it commits), the Celery queues' lengths, the
+  histograms every worker node adds to its own hash, and the gauges of every
+  worker process's batch engines (``workers.run_metrics``);
 - from this process: its open event streams.
 
 Redis and the database are read with short timeouts and any failure only
@@ -47,22 +48,21 @@ logger = logging.getLogger(__name__)
 REDIS_TIMEOUT_SECONDS = 1.0
 # A Redis failure is logged at most this often per process.
 WARNING_INTERVAL_SECONDS = 60.0
+# A worker process's gauges count for this long after its latest report: a
+# process that died (SIGKILL, out of memory) stops reporting, and its rows
+# must not look busy for a day, the lifetime of a node's histograms. A live
+# process reports at least every quarter of this.
+GAUGE_TTL_SECONDS = 30
 
 
 @dataclass(frozen=True)
 class HistogramSpec:
-    """A histogram that workers record and the scrape exposes with a ``worker`` label."""
+    """A histogram that workers record and the scrape exposes with a ``worker`` label (and ``model``, an engine's)."""
 
     name: str
     help: str
+    # Upper bounds, ascending (a recorder bisects them); +Inf is implied.
     buckets: tuple[float, ...]
-
-    def bucket_of(self, value: float) -> float:
-        """The upper bound of the bucket ``value`` falls in (``inf`` past the last)."""
-        for bound in self.buckets:
-            if value <= bound:
-                return bound
-        return math.inf
 
 
 # Bounds chosen for local serving: a first token within tens of milliseconds
@@ -107,6 +107,71 @@ WORKER_HISTOGRAMS: tuple[HistogramSpec, ...] = (
     BATCH_TOKENS,
 )
 
+# The batch engine's histograms, labelled by node and model. Step times from
+# a tiny model on a CPU (0.5 ms) to a large one (seconds); batches up to
+# LMSP_MAX_BATCH, which is at most a few hundred.
+ENGINE_BATCH_ROWS = HistogramSpec(
+    "lmsp_engine_batch_rows",
+    "Rows (generations) in one batched decode step: batch occupancy; the sum is every token the steps generated.",
+    (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 256),
+)
+ENGINE_STEP_SECONDS = HistogramSpec(
+    "lmsp_engine_step_seconds",
+    "Wall time of one batched decode step: the model run and the sampling of every row.",
+    (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+)
+ENGINE_PREFILL_SECONDS = HistogramSpec(
+    "lmsp_engine_prefill_seconds",
+    "Wall time of one prefill call of a joining row (a whole prompt or one chunk of it).",
+    (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+)
+ENGINE_PREFILL_TOKENS = HistogramSpec(
+    "lmsp_engine_prefill_tokens",
+    "Prompt tokens one prefill call processed; the sum is every prompt token prefilled.",
+    (1, 4, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768),
+)
+ENGINE_QUEUE_WAIT = HistogramSpec(
+    "lmsp_engine_queue_wait_seconds",
+    "From a row's submission to the engine to its first model call: a full batch or the KV cache budget.",
+    (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300),
+)
+ENGINE_HISTOGRAMS: tuple[HistogramSpec, ...] = (
+    ENGINE_BATCH_ROWS,
+    ENGINE_STEP_SECONDS,
+    ENGINE_PREFILL_SECONDS,
+    ENGINE_PREFILL_TOKENS,
+    ENGINE_QUEUE_WAIT,
+)
+
+
+@dataclass(frozen=True)
+class GaugeSpec:
+    """A gauge of one engine: each process sets its own, the scrape sums a node's processes."""
+
+    name: str
+    help: str
+
+
+ENGINE_MAX_BATCH = GaugeSpec("lmsp_engine_max_batch", "Rows the engines can step together (LMSP_MAX_BATCH).")
+ENGINE_ROWS_RUNNING = GaugeSpec("lmsp_engine_rows_running", "Rows in the engines' batches now.")
+ENGINE_ROWS_WAITING = GaugeSpec(
+    "lmsp_engine_rows_waiting", "Rows submitted and waiting to join a batch (batch full or KV cache budget)."
+)
+ENGINE_KV_BYTES = GaugeSpec("lmsp_engine_kv_cache_bytes", "KV cache bytes reserved by the rows now.")
+ENGINE_KV_BUDGET = GaugeSpec("lmsp_engine_kv_cache_budget_bytes", "KV cache bytes the engines may reserve.")
+ENGINE_TOKENS_RATE = GaugeSpec(
+    "lmsp_engine_tokens_per_second",
+    "Tokens the decode steps generated per second over the latest report interval (at least a second).",
+)
+ENGINE_GAUGES: tuple[GaugeSpec, ...] = (
+    ENGINE_MAX_BATCH,
+    ENGINE_ROWS_RUNNING,
+    ENGINE_ROWS_WAITING,
+    ENGINE_KV_BYTES,
+    ENGINE_KV_BUDGET,
+    ENGINE_TOKENS_RATE,
+)
+
 
 # --------------------------------------------------------------------------- #
 # Redis layout (all under LMSP_REDIS_PREFIX)
@@ -128,12 +193,35 @@ def workers_key() -> str:
 
 
 def worker_key(node: str) -> str:
-    """Hash of one node's histograms: ``<name>:le:<bound>`` (not cumulative), ``<name>:sum``, ``<name>:count``."""
+    """Hash of one node's histograms: ``<series>:le:<bound>`` (not cumulative), ``<series>:sum``, ``<series>:count``.
+
+    ``<series>`` is the metric's name, or ``<name>|<model>`` for an engine's
+    (a model name never holds ``|``).
+    """
     return metrics_key("worker", node)
 
 
-def bucket_field(spec: HistogramSpec, bound: float) -> str:
-    return f"{spec.name}:le:{floatToGoString(bound)}"
+def processes_key() -> str:
+    """Sorted set: worker process (``<node>/<pid>``) -> unix time of its newest gauge report."""
+    return metrics_key("processes")
+
+
+def process_key(worker: str) -> str:
+    """Hash of one worker process's engine gauges: ``<name>|<model>`` -> latest value."""
+    return metrics_key("process", worker)
+
+
+def node_name(worker: str) -> str:
+    """The Celery node of a task's ``worker`` (``<node>/<pid>``): the children of one node share its metrics."""
+    return worker.rsplit("/", 1)[0]
+
+
+def series_name(spec: HistogramSpec | GaugeSpec, model: str | None = None) -> str:
+    return spec.name if model is None else f"{spec.name}|{model}"
+
+
+def bucket_field(spec: HistogramSpec, bound: float, model: str | None = None) -> str:
+    return f"{series_name(spec, model)}:le:{floatToGoString(bound)}"
 
 
 _clients: dict[str, redis.Redis] = {}
@@ -228,6 +316,8 @@ class RedisReadout:
     finished: dict[str, int] = field(default_factory=dict)
     queues: dict[str, int] | None = None
     workers: dict[str, dict[str, float]] = field(default_factory=dict)
+    # worker process (<node>/<pid>) -> its gauges' fields
+    processes: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
 _read_warning = RateLimitedWarning()
@@ -238,29 +328,35 @@ def _decoded(raw: Mapping[bytes, bytes]) -> dict[str, float]:
 
 
 def metrics_redis_read() -> RedisReadout:
-    """Counters, queue lengths and worker histograms in two round trips; never raises."""
+    """Counters, queue lengths, worker histograms and engine gauges in two round trips; never raises."""
     client = metrics_redis()
     queues = (settings.LMSP_TASK_QUEUE, settings.LMSP_MAINTENANCE_QUEUE)
     # The Celery queues live on the broker, normally the same Redis.
     same_broker = settings.CELERY_BROKER_URL == settings.REDIS_URL
-    oldest = time.time() - settings.LMSP_METRICS_WORKER_TTL_SECONDS
+    now = time.time()
     try:
         pipe = client.pipeline(transaction=False)
         pipe.hgetall(finished_key())
-        pipe.zrangebyscore(workers_key(), oldest, "+inf")
+        pipe.zrangebyscore(workers_key(), now - settings.LMSP_METRICS_WORKER_TTL_SECONDS, "+inf")
+        pipe.zrangebyscore(processes_key(), now - GAUGE_TTL_SECONDS, "+inf")
         if same_broker:
             for queue in queues:
                 pipe.llen(queue)
-        finished, nodes, *lengths = pipe.execute()
-        names = [node.decode() for node in nodes]
+        finished, nodes, processes, *lengths = pipe.execute()
+        node_names = [node.decode() for node in nodes]
+        process_names = [process.decode() for process in processes]
         pipe = client.pipeline(transaction=False)
-        for node in names:
+        for node in node_names:
             pipe.hgetall(worker_key(node))
-        hashes = pipe.execute() if names else []
+        for process in process_names:
+            pipe.hgetall(process_key(process))
+        hashes = pipe.execute() if node_names or process_names else []
+        node_hashes, process_hashes = hashes[: len(node_names)], hashes[len(node_names) :]
         readout = RedisReadout(
             up=True,
             finished={key.decode(): int(value) for key, value in finished.items()},
-            workers={node: _decoded(raw) for node, raw in zip(names, hashes, strict=True) if raw},
+            workers={node: _decoded(raw) for node, raw in zip(node_names, node_hashes, strict=True) if raw},
+            processes={name: _decoded(raw) for name, raw in zip(process_names, process_hashes, strict=True) if raw},
         )
     except (redis.RedisError, OSError, ValueError) as exc:
         # ValueError: a value that is not a number (someone wrote to our keys).
@@ -302,26 +398,72 @@ class Scrape:
 # --------------------------------------------------------------------------- #
 
 
-def _worker_histogram(spec: HistogramSpec, workers: Mapping[str, Mapping[str, float]]) -> HistogramMetricFamily:
-    family = HistogramMetricFamily(spec.name, spec.help, labels=["worker"])
-    prefix = f"{spec.name}:le:"
-    for node, fields in sorted(workers.items()):
-        count = fields.get(f"{spec.name}:count")
+# A histogram's series as read from the node hashes: label values -> {"le:<bound>" | "sum" | "count": value}.
+HistogramSeries = dict[tuple[str, ...], dict[str, float]]
+
+
+def _node_series(spec: HistogramSpec, workers: Mapping[str, Mapping[str, float]]) -> HistogramSeries:
+    prefix = f"{spec.name}:"
+    return {
+        (node,): {name[len(prefix) :]: value for name, value in fields.items() if name.startswith(prefix)}
+        for node, fields in workers.items()
+    }
+
+
+def _engine_series(spec: HistogramSpec, workers: Mapping[str, Mapping[str, float]]) -> HistogramSeries:
+    """``<name>|<model>:<part>`` fields split into (node, model) series.
+
+    A model's tag may be ``le``, ``sum`` or ``count`` (``demo:le``), so the
+    part is found from the end: ``:sum``, ``:count``, else ``:le:<bound>``.
+    """
+    prefix = f"{spec.name}|"
+    series: HistogramSeries = {}
+    for node, fields in workers.items():
+        for name, value in fields.items():
+            if not name.startswith(prefix):
+                continue
+            rest = name[len(prefix) :]
+            if rest.endswith((":sum", ":count")):
+                model, _, part = rest.rpartition(":")
+            else:
+                model, _, bound = rest.rpartition(":le:")
+                part = f"le:{bound}"
+            series.setdefault((node, model), {})[part] = value
+    return series
+
+
+def _histogram(spec: HistogramSpec, labels: list[str], series: HistogramSeries) -> HistogramMetricFamily:
+    family = HistogramMetricFamily(spec.name, spec.help, labels=labels)
+    for label_values, fields in sorted(series.items()):
+        count = fields.get("count")
         if count is None:
             continue
         per_bound = dict.fromkeys(spec.buckets, 0.0)
         for name, value in fields.items():
-            if name.startswith(prefix):
+            if name.startswith("le:"):
                 # A bound recorded by another version still adds up; +Inf is the count.
-                bound = float(name[len(prefix) :])
+                bound = float(name[len("le:") :])
                 per_bound[bound] = per_bound.get(bound, 0.0) + value
         buckets, running = [], 0.0
         for bound in sorted(b for b in per_bound if b != math.inf):
             running += per_bound[bound]
             buckets.append((floatToGoString(bound), running))
         buckets.append(("+Inf", count))
-        family.add_metric([node], buckets, fields.get(f"{spec.name}:sum", 0.0))
+        family.add_metric(list(label_values), buckets, fields.get("sum", 0.0))
     return family
+
+
+def _engine_gauges(processes: Mapping[str, Mapping[str, float]]) -> dict[str, dict[tuple[str, str], float]]:
+    """Gauge name -> (node, model) -> the sum over the node's processes (prefork children each run engines)."""
+    sums: dict[str, dict[tuple[str, str], float]] = {spec.name: {} for spec in ENGINE_GAUGES}
+    for process, fields in processes.items():
+        node = node_name(process)
+        for name, value in fields.items():
+            metric, sep, model = name.partition("|")
+            if sep and metric in sums:
+                per_series = sums[metric]
+                per_series[node, model] = per_series.get((node, model), 0.0) + value
+    return sums
 
 
 class ScrapeCollector:
@@ -372,8 +514,32 @@ class ScrapeCollector:
             "lmsp_open_streams", "Event streams (SSE) open on this web process.", scrape.open_streams
         )
         if readout.up:
-            for spec in WORKER_HISTOGRAMS:
-                yield _worker_histogram(spec, readout.workers)
+            yield from self._workers(readout)
+
+    @staticmethod
+    def _workers(readout: RedisReadout) -> Iterator[Metric]:
+        for spec in WORKER_HISTOGRAMS:
+            yield _histogram(spec, ["worker"], _node_series(spec, readout.workers))
+        engine_labels = ["worker", "model"]
+        for spec in ENGINE_HISTOGRAMS:
+            series = _engine_series(spec, readout.workers)
+            yield _histogram(spec, engine_labels, series)
+            if spec is ENGINE_BATCH_ROWS:
+                # Every row of a step generates one token: the rows' sum is the tokens' counter.
+                tokens = CounterMetricFamily(
+                    "lmsp_engine_generated_tokens",
+                    "Tokens generated by batched decode steps, one per row and step (rate() is the aggregate speed).",
+                    labels=engine_labels,
+                )
+                for label_values, fields in sorted(series.items()):
+                    tokens.add_metric(list(label_values), fields.get("sum", 0.0))
+                yield tokens
+        sums = _engine_gauges(readout.processes)
+        for spec in ENGINE_GAUGES:
+            gauge = GaugeMetricFamily(spec.name, spec.help, labels=engine_labels)
+            for label_values, total in sorted(sums[spec.name].items()):
+                gauge.add_metric(list(label_values), total)
+            yield gauge
 
 
 def metrics_exposition(scrape: Scrape, *, accept: str) -> tuple[bytes, str]:

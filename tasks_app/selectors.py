@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.db.models import Q, QuerySet
 
-from tasks_app import events
+from tasks_app import events, states
 from tasks_app.events import EventType
 from tasks_app.exceptions import (
     EventHistoryExpired,
@@ -265,6 +265,43 @@ def task_outputs_text(*, task_ids: Sequence[str]) -> dict[str, tuple[str, str]]:
 # --------------------------------------------------------------------------- #
 # The admin's reads
 # --------------------------------------------------------------------------- #
+
+
+def _held_by(workers: Sequence[str]) -> QuerySet[Task]:
+    """Tasks held by these worker processes: read through the partial index ``task_active``, never the history."""
+    return Task.objects.filter(status_in(states.HELD), worker__in=workers).order_by("id")
+
+
+def task_batch_peers(*, task: Task) -> list[Task]:
+    """The other tasks in ``task``'s batch, oldest first: held by its worker process, for its model.
+
+    A worker process runs one batch engine per model, so tasks held with the
+    same ``worker`` (``<node>/<pid>``) and model step together. One query;
+    the task's response must be loaded (for its model). A task no worker
+    holds shares nothing.
+    """
+    if task.status not in states.HELD or not task.worker:
+        return []
+    peers = _held_by([task.worker]).filter(response__model=task.response.model).exclude(pk=task.pk)
+    return list(peers.only("id", "status", "worker"))
+
+
+def task_batch_peer_ids(*, tasks: Sequence[Task]) -> dict[str, list[str]]:
+    """:func:`task_batch_peers` of a page of tasks in one query (none when no task is held): ``{task id: peer ids}``.
+
+    Only held tasks are keys; their responses must be loaded.
+    """
+    held = [task for task in tasks if task.status in states.HELD and task.worker]
+    if not held:
+        return {}
+    batches: dict[tuple[str, str], list[str]] = {}
+    rows = _held_by(sorted({task.worker for task in held})).values_list("id", "worker", "response__model")
+    for task_id, worker, model in rows:
+        batches.setdefault((worker, model), []).append(task_id)
+    return {
+        task.pk: [peer for peer in batches.get((task.worker, task.response.model), []) if peer != task.pk]
+        for task in held
+    }
 
 
 def model_names() -> list[str]:

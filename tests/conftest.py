@@ -18,6 +18,7 @@ from tasks_app.services.model_scan import model_scan
 from tests.support.api import ApiClient
 from tests.support.db import database_url
 from tests.support.demo import ENDLESS_TAG
+from tests.support.lab import lab  # noqa: F401 (a fixture: the recovery and batched-worker tests share it)
 from tests.support.namespace import (
     IDLE_QUEUE,
     NAMESPACE_ENV,

@@ -29,6 +29,7 @@ from tasks_app.models import Client, IdempotencyKey, ModelRecord, Task, TaskEven
 from tasks_app.services.idempotency import idempotency_claim
 from tasks_app.services.model_scan import model_scan
 from tasks_app.states import TaskStatus
+from tests.test_query_plans import assert_read_through, statements, tasks_selects
 
 S = TaskStatus
 ITEM_ID = "msg_01ADMINTEST0000000000000000"
@@ -46,15 +47,15 @@ def task_url(task_id: str, action: str = "change") -> str:
     return f"{TASKS}{task_id}/{action}/"
 
 
-def append(task_id: str, texts: list[str], **kwargs) -> lifecycle.TransitionResult:
+def append(task_id: str, texts: list[str], worker: str = WORKER, **kwargs) -> lifecycle.TransitionResult:
     """A batch of deltas from the worker, leaving the task's output count as it was unless given."""
     kwargs.setdefault("output_tokens", Task.objects.values_list("output_tokens", flat=True).get(pk=task_id))
-    return lifecycle.task_progress(task_id=task_id, worker=WORKER, item_id=ITEM_ID, deltas=texts, **kwargs)
+    return lifecycle.task_progress(task_id=task_id, worker=worker, item_id=ITEM_ID, deltas=texts, **kwargs)
 
 
-def start_running(task_id: str) -> None:
-    assert lifecycle.task_claim(task_id=task_id, worker=WORKER).won
-    assert lifecycle.task_start(task_id=task_id, worker=WORKER, item_id=ITEM_ID).won
+def start_running(task_id: str, worker: str = WORKER) -> None:
+    assert lifecycle.task_claim(task_id=task_id, worker=worker).won
+    assert lifecycle.task_start(task_id=task_id, worker=worker, item_id=ITEM_ID).won
 
 
 @pytest.fixture
@@ -62,9 +63,15 @@ def new_task(make_client, demo_model) -> Callable[..., Task]:
     """``new_task(status)``: a task moved there by the lifecycle, as a worker or recovery would."""
     owner, _ = make_client("owner")
 
-    def make(status: TaskStatus = S.QUEUED, prompt: str = "Say hi", client: Client | None = None) -> Task:
+    def make(
+        status: TaskStatus = S.QUEUED,
+        prompt: str = "Say hi",
+        client: Client | None = None,
+        worker: str = WORKER,
+        model: str = "demo",
+    ) -> Task:
         task = lifecycle.task_insert(
-            client=client or owner, request={"model": "demo", "input": prompt, "max_output_tokens": 50}, model="demo"
+            client=client or owner, request={"model": model, "input": prompt, "max_output_tokens": 50}, model=model
         )
         if status == S.FAILED:
             problem = ServerRestarted("the server restarted while the task ran").to_problem()
@@ -72,16 +79,16 @@ def new_task(make_client, demo_model) -> Callable[..., Task]:
         elif status == S.CANCELLED:
             assert lifecycle.task_cancel_queued(task_id=task.id).won
         elif status == S.LOADING:
-            assert lifecycle.task_claim(task_id=task.id, worker=WORKER).won
+            assert lifecycle.task_claim(task_id=task.id, worker=worker).won
         elif status in (S.RUNNING, S.CANCELLING, S.SUCCEEDED):
-            start_running(task.id)
+            start_running(task.id, worker)
             snapshot = {"token_ids": [11, 12, 13], "state": {"offset": 3}}
-            assert append(task.id, ["Hel", "lo ", "world"], snapshot=snapshot, output_tokens=3).won
+            assert append(task.id, ["Hel", "lo ", "world"], worker, snapshot=snapshot, output_tokens=3).won
             if status == S.CANCELLING:
                 assert lifecycle.task_request_cancel(task_id=task.id).won
             if status == S.SUCCEEDED:
                 assert lifecycle.task_succeed(
-                    task_id=task.id, worker=WORKER, item_id=ITEM_ID, text="Hello world", usage=None, output_tokens=3
+                    task_id=task.id, worker=worker, item_id=ITEM_ID, text="Hello world", usage=None, output_tokens=3
                 ).won
         return Task.objects.select_related("response").get(pk=task.id)
 
@@ -292,6 +299,100 @@ def test_the_events_link_lists_one_tasks_whole_log_in_order_read_only(admin_clie
     assert seen == list(range(last + 1))
     assert other.id not in page_text(first)
     assert f"{last + 1} task events" in page_text(first)
+
+
+# --------------------------------------------------------------------------- #
+# Batches: tasks one worker process's engine steps together
+# --------------------------------------------------------------------------- #
+
+PROCESS_A, PROCESS_B = "gpu0@host/101", "gpu0@host/102"
+
+
+@pytest.fixture
+def batches(new_task) -> dict[str, list[Task]]:
+    """Two batches of process A (one per model), one of process B, and tasks that share nothing."""
+    return {
+        "a_demo": [new_task(status, worker=PROCESS_A) for status in (S.RUNNING, S.LOADING, S.CANCELLING)],
+        "a_base": [new_task(S.RUNNING, worker=PROCESS_A, model="demo:base")],
+        "b_demo": [new_task(S.RUNNING, worker=PROCESS_B), new_task(S.RUNNING, worker=PROCESS_B)],
+        # Finished tasks keep their worker but hold nothing.
+        "done": [new_task(S.SUCCEEDED, worker=PROCESS_A), new_task(S.QUEUED)],
+    }
+
+
+def test_batch_peers_are_the_tasks_held_by_the_same_process_for_the_same_model(batches, django_assert_num_queries):
+    running, loading, cancelling = batches["a_demo"]
+    with statements() as captured, django_assert_num_queries(1):
+        peers = selectors.task_batch_peers(task=running)
+    assert [peer.id for peer in peers] == [loading.id, cancelling.id]
+    assert_read_through("task_active", tasks_selects(captured))
+    assert selectors.task_batch_peers(task=batches["a_base"][0]) == []
+    first, second = batches["b_demo"]
+    assert [peer.id for peer in selectors.task_batch_peers(task=second)] == [first.id]
+    with django_assert_num_queries(0):
+        for task in batches["done"]:
+            assert selectors.task_batch_peers(task=task) == []
+
+
+def test_a_task_page_links_the_tasks_that_share_its_batch(admin_client, batches):
+    running, loading, cancelling = batches["a_demo"]
+    page = page_text(admin_client.get(task_url(loading.id)))
+    shares = re.search(r"shares a batch with.*?<div class=\"readonly\">(.*?)</div>", page, re.S | re.I).group(1)
+    assert re.findall(r'<a href="([^"]+)">(task_\w+)</a> \((\w+)\)', shares) == [
+        (task_url(running.id), running.id, "running"),
+        (task_url(cancelling.id), cancelling.id, "cancelling"),
+    ]
+    alone = page_text(admin_client.get(task_url(batches["a_base"][0].id)))
+    assert "no other task: it runs alone in its worker process&#x27;s engine" in alone
+    for task in batches["done"]:
+        shown = page_text(admin_client.get(task_url(task.id)))
+        assert re.search(r"shares a batch with.*?<div class=\"readonly\">-</div>", shown, re.S | re.I)
+
+
+def batch_cells(page) -> dict[str, str]:
+    """Task id -> the text of its batch cell, and the cell's link when it has one."""
+    text = page_text(page)
+    rows = re.findall(r'<tr><td class="action-checkbox">.*?</tr>', text, re.S)
+    cells = {}
+    for row in rows:
+        task_id = re.search(r"(task_\w+)", row).group(1)
+        cell = re.search(r'<td class="field-batch_column">(.*?)</td>', row, re.S).group(1)
+        cells[task_id] = cell
+    return cells
+
+
+def test_the_task_list_shows_each_held_tasks_batch_in_one_query_however_many(
+    admin_client, batches, new_task, django_assert_num_queries
+):
+    with django_assert_num_queries(LIST_QUERIES[TASKS] + 1):
+        page = admin_client.get(TASKS)
+    cells = batch_cells(page)
+    running = batches["a_demo"][0]
+    assert cells[running.id] == f'<a href="?batch={running.id}">with 2</a>'
+    assert cells[batches["a_base"][0].id] == f'<a href="?batch={batches["a_base"][0].id}">alone</a>'
+    assert cells[batches["b_demo"][1].id] == f'<a href="?batch={batches["b_demo"][1].id}">with 1</a>'
+    assert [cells[task.id] for task in batches["done"]] == ["-", "-"]
+
+    # More held tasks, in more processes: still one query for all of them.
+    for n in range(6):
+        new_task(S.RUNNING, worker=f"gpu1@host/{n % 3}")
+    with django_assert_num_queries(LIST_QUERIES[TASKS] + 1):
+        assert admin_client.get(TASKS).status_code == 200
+
+
+def test_the_batch_link_lists_that_task_and_its_peers(admin_client, batches):
+    running, loading, cancelling = batches["a_demo"]
+
+    page = admin_client.get(TASKS, {"batch": loading.id})
+
+    assert {task.id for task in page.context["cl"].result_list} == {running.id, loading.id, cancelling.id}
+    assert f"with {loading.id}" in page_text(page)
+    alone = batches["a_base"][0]
+    assert [t.id for t in admin_client.get(TASKS, {"batch": alone.id}).context["cl"].result_list] == [alone.id]
+    finished = batches["done"][0]
+    assert [t.id for t in admin_client.get(TASKS, {"batch": finished.id}).context["cl"].result_list] == [finished.id]
+    unknown = admin_client.get(TASKS, {"batch": "task_01ARZ3NDEKTSV4RRFFQ69G5FAV"})
+    assert unknown.status_code == 200 and list(unknown.context["cl"].result_list) == []
 
 
 # --------------------------------------------------------------------------- #

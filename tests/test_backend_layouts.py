@@ -6,7 +6,10 @@ models by the real tools (optimum-onnx, the onnxruntime-genai builder,
 ``model_references.json`` holds what transformers (for quantized graphs: the
 exporting tool's own runtime) generated greedily from them. Every test loads
 a fixture with ``OnnxRuntimeBackend().load(folder, graph=...)`` and runs real
-ONNX Runtime sessions; no database is touched.
+ONNX Runtime sessions; no database is touched. The int8 graph's tokens depend
+on the CPU's integer products (``tests/support/quantized.py``): for the graphs
+that quantize per call the expected tokens are a plain ONNX Runtime loop's on
+this CPU, and the recorded ones are checked with exact products.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
+from tests.support.quantized import PER_CALL, U8S8_SATURATES, case_ids, cpu_isa, expected_case, recorded_ids
 from workers.backends.base import FINISH_EOS, FINISH_LENGTH, SamplingParams, Step
 from workers.backends.errors import ModelLoadError
 from workers.backends.onnx import OnnxModel, OnnxRuntimeBackend
@@ -43,6 +47,11 @@ GENAI = [key for key, reference in REFERENCES.items() if reference["layout"] == 
 MERGED = [key for key, reference in REFERENCES.items() if reference["layout"] == "optimum-legacy-merged"]
 INT8 = "qwen2-community:int8"
 UINT8 = "qwen2-community:uint8"
+PER_CALL_CASES = [
+    pytest.param(key, index, id=f"{key}-{index}")
+    for key in (INT8, UINT8)
+    for index in range(len(REFERENCES[key]["cases"]))
+]
 GENAI_SEARCH_KEYS = ("do_sample", "temperature", "top_k", "top_p", "repetition_penalty", "min_p")
 
 Loader = Callable[[str, int], OnnxModel]
@@ -133,8 +142,9 @@ def test_the_fixtures_cover_every_layout_and_the_quantized_variants() -> None:
     assert layouts == {"optimum-flat", "onnx-community", "genai-builder", "optimum-legacy-merged"}
     community = {f"qwen2-community:{tag}" for tag in ("int8", "uint8", "q4", "q4f16", "fp16", "bnb4")}
     assert community | {"llama-genai-int4"} <= set(REFERENCES)
-    assert "ort_chunked_prefill" in REFERENCES[INT8]["cases"][0]
-    assert "ort_chunked_prefill" in REFERENCES[UINT8]["cases"][0]
+    assert all(PER_CALL in case for key in (INT8, UINT8) for case in REFERENCES[key]["cases"])
+    # Their tokens depend on the CPU's integer products: the references say which CPU's they are.
+    assert all(REFERENCES[key]["recorded_isa"] for key in (INT8, UINT8))
 
 
 @pytest.mark.parametrize(("key", "index"), CASES)
@@ -148,8 +158,8 @@ def test_greedy_tokens_with_the_whole_prompt_in_one_call_equal_the_reference(
     load: Loader, key: str, index: int
 ) -> None:
     # qwen2-* record transformers with repetition_penalty 1.05 from their generation_config.json:
-    # it applies with temperature 0 too.
-    case = case_of(key, index)
+    # it applies with temperature 0 too. A graph that quantizes per call gives this CPU's tokens.
+    case = expected_case(key, index, chunk=None)
     generation, ids = run(load(key, WHOLE), case["prompt_ids"], greedy(case))
     assert ids == case["output_ids"]
     assert generation.prompt_tokens == case["prompt_tokens"]
@@ -161,15 +171,47 @@ def test_greedy_tokens_with_the_whole_prompt_in_one_call_equal_the_reference(
 @pytest.mark.parametrize(("key", "index"), CASES)
 def test_greedy_tokens_with_a_chunked_prefill_equal_the_reference(load: Loader, key: str, index: int) -> None:
     case = case_of(key, index)
-    chunk, expected = SMALL_CHUNK, case["output_ids"]
-    if "ort_chunked_prefill" in case:
-        # A dynamically quantized graph computes its activation scales per call:
-        # chunks give other tokens than one call, those of onnxruntime's own loop with the same chunks.
-        chunk, expected = case["ort_chunked_prefill"]["chunk_tokens"], case["ort_chunked_prefill"]["output_ids"]
+    # A dynamically quantized graph computes its activation scales per call:
+    # chunks give other tokens than one call, those of onnxruntime's own loop with the same chunks.
+    chunk = case[PER_CALL]["chunk_tokens"] if PER_CALL in case else SMALL_CHUNK
     assert len(case["prompt_ids"]) > 2 * chunk  # several calls
     generation, ids = run(load(key, chunk), case["prompt_ids"], greedy(case))
-    assert ids == expected
+    assert ids == expected_case(key, index, chunk=chunk)["output_ids"]
     assert generation.prompt_tokens == case["prompt_tokens"]
+
+
+@pytest.mark.parametrize("chunked", [False, True], ids=["whole", "chunked"])
+@pytest.mark.parametrize(("key", "index"), PER_CALL_CASES)
+def test_exact_integer_products_give_the_recorded_quantized_tokens_on_any_cpu(
+    key: str, index: int, chunked: bool
+) -> None:
+    """The references hold the tokens of exact int32 MatMulInteger products (a VNNI CPU's)."""
+    case = case_of(key, index)
+    chunk = case[PER_CALL]["chunk_tokens"] if chunked else None
+    assert case_ids(key, index, chunk=chunk, exact_u8s8=True) == recorded_ids(case, chunk)
+
+
+@pytest.mark.parametrize("index", range(len(REFERENCES[INT8]["cases"])))
+def test_int8_tokens_are_the_recorded_ones_only_where_the_cpu_adds_its_products_exactly(index: int) -> None:
+    # Where MLAS sums uint8 x int8 products pairwise into saturating int16 (AVX2, AVX-512 without
+    # VNNI), onnxruntime's own loop does not give the recorded tokens; everywhere else it does.
+    saturates = cpu_isa() in U8S8_SATURATES
+    assert (case_ids(INT8, index, chunk=None) != case_of(INT8, index)["output_ids"]) == saturates
+
+
+@pytest.mark.parametrize(
+    ("flags", "isa"),
+    [
+        ("fpu sse2 sse4_1 avx fma avx2 bmi2 sha_ni vaes", "avx2"),
+        ("sse4_1 avx fma avx2 avx_vnni", "avx-vnni"),
+        ("avx fma avx2 avx512f avx512dq avx512bw avx512vl", "avx512"),
+        ("avx fma avx2 avx_vnni avx512f avx512dq avx512bw avx512vl avx512_vnni", "avx512-vnni"),
+        ("avx2 fma avx512f avx512dq avx512bw avx512vl avx512_vnni amx_bf16 amx_tile amx_int8", "amx"),
+        ("sse2 sse4_1 sse4_2", "sse2"),
+    ],
+)
+def test_the_cpus_instruction_set_is_read_from_its_flags(flags: str, isa: str) -> None:
+    assert cpu_isa(f"processor\t: 0\nflags\t\t: {flags}\nbugs\t\t: spectre_v1\n") == isa
 
 
 @pytest.mark.parametrize("chunk", [WHOLE, SMALL_CHUNK], ids=["whole", "chunked"])

@@ -30,6 +30,7 @@ from workers.backends.base import (
 from workers.backends.detokenizer import StopFilter, StreamDetokenizer
 from workers.backends.errors import GenerationError, ModelLoadError, PromptRejected
 from workers.backends.onnx import OnnxGeneration, OnnxModel, OnnxRuntimeBackend, cuda_device_count
+from workers.backends.onnx.cuda_libs import CudaLibraries
 
 PROMPT = {"instructions": "Tell a story.", "input": "The lighthouse keeper climbed the stairs"}
 NON_ASCII_PROMPT = {"input": "Grüße, 東京 🚀 — café, naïve, 서울"}
@@ -532,6 +533,8 @@ def test_cuda_fallback_is_detected_after_session_creation(model_dir: Path, monke
         assert OnnxRuntimeBackend().load(model_dir, device="cuda").provider == "CUDAExecutionProvider"
         return
     monkeypatch.setattr(onnx_backend.session, "cuda_device_count", lambda: 1)
+    # The CUDA libraries count as loaded (tests/test_onnx_session.py has them missing): ORT itself tries.
+    monkeypatch.setattr(onnx_backend.session, "preload_cuda_libraries", lambda: CudaLibraries())
     if "CUDAExecutionProvider" in ort.get_available_providers():
         assert_load_fails(model_dir, "fell back", device="cuda")
     else:

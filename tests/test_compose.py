@@ -217,8 +217,9 @@ def test_one_worker_per_gpu(resolve):
     device_ids, node_names = [], []
     for name, service in workers.items():
         command = command_of(service)
-        assert option(command, "--pool") == "prefork", name
-        assert option(command, "--concurrency") == "1", name
+        # One process per GPU, taking as many tasks at once as its engine batches.
+        assert option(command, "--pool") == "threads", name
+        assert option(command, "--concurrency") == env_of(service)["LMSP_MAX_BATCH"] == "8", name
         node_names.append(option(command, "--hostname"))
         (device,) = service["deploy"]["resources"]["reservations"]["devices"]
         assert device["driver"] == "nvidia", name
@@ -229,8 +230,9 @@ def test_one_worker_per_gpu(resolve):
         assert env["LMSP_DEVICE"] == "cuda", name
         # Only the reserved GPU is visible inside the container, as device 0.
         assert env["LMSP_DEVICE_ID"] == "0", name
-        # Long enough for the recovery commit that may wait for SQLite's write lock.
+        # Long enough for the hand-back commits that may wait for SQLite's write lock.
         assert seconds(service["stop_grace_period"]) >= 30, name
+        assert env["LMSP_DRAIN_SECONDS"] == "0", name
     assert len(set(device_ids)) == len(device_ids), device_ids
     assert all(node and node.endswith("@%h") for node in node_names), node_names
     assert len(set(node_names)) == len(node_names), node_names
@@ -243,10 +245,40 @@ def test_cpu_profile_runs_one_worker_without_a_gpu(resolve):
     assert not (service.get("deploy") or {}).get("resources", {}).get("reservations", {}).get("devices"), name
     assert env_of(service)["LMSP_DEVICE"] == "cpu"
     command = command_of(service)
-    assert option(command, "--concurrency") == "1"
+    assert option(command, "--pool") == "threads"
+    assert option(command, "--concurrency") == env_of(service)["LMSP_MAX_BATCH"] == "8"
     assert seconds(service["stop_grace_period"]) >= 30
     # Without a worker profile no worker (and no GPU) is asked for.
     assert not celery_workers(resolve())
+
+
+def test_the_batch_size_and_the_drain_reach_every_worker_and_its_grace_period(resolve):
+    services = resolve(
+        "gpu",
+        "gpu1",
+        "cpu",
+        LMSP_MAX_BATCH="4",
+        LMSP_DRAIN_SECONDS="20",
+        LMSP_WORKER_STOP_GRACE_PERIOD="65s",
+        LMSP_KV_CACHE_BYTES="2147483648",
+        LMSP_GPU_MEM_LIMIT_BYTES="8589934592",
+    )
+    workers = celery_workers(services)
+    assert sorted(workers) == ["worker-cpu", "worker-gpu0", "worker-gpu1"]
+    for name, service in workers.items():
+        env = env_of(service)
+        # The threads the pool runs and the rows the engine batches are one number.
+        assert option(command_of(service), "--concurrency") == env["LMSP_MAX_BATCH"] == "4", name
+        assert env["LMSP_DRAIN_SECONDS"] == "20", name
+        assert env["LMSP_KV_CACHE_BYTES"] == "2147483648", name
+        assert env["LMSP_GPU_MEM_LIMIT_BYTES"] == "8589934592", name
+        # Unset, the engine's own default (settings), not a copy of it here.
+        assert env["LMSP_KV_CACHE_SHARE"] == "", name
+        # The drain plus the 45 s of hand-back commits.
+        assert seconds(service["stop_grace_period"]) == 65, name
+    # The maintenance node drains nothing: its own grace period, and no batch settings.
+    assert seconds(services["beat"]["stop_grace_period"]) == 45
+    assert "LMSP_MAX_BATCH" not in env_of(services["beat"])
 
 
 def test_exactly_one_maintenance_node_on_the_prefixed_queue(resolve):

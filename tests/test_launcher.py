@@ -38,8 +38,16 @@ pytestmark = pytest.mark.slow
 
 QUICKSTART = REPO / "scripts" / "quickstart"
 # Variables of the test run that must not reach the launcher: it derives
-# queues from its own prefix and picks its own database.
-DROPPED_ENV = ("DATABASE_URL", "LMSP_TASK_QUEUE", "LMSP_MAINTENANCE_QUEUE", "LMSP_TEST_SQLITE_PATH")
+# queues from its own prefix, picks its own database, and its worker takes
+# the Procfile's default batch.
+DROPPED_ENV = (
+    "DATABASE_URL",
+    "LMSP_TASK_QUEUE",
+    "LMSP_MAINTENANCE_QUEUE",
+    "LMSP_TEST_SQLITE_PATH",
+    "LMSP_MAX_BATCH",
+    "LMSP_DRAIN_SECONDS",
+)
 FINISHED = {"succeeded", "failed", "cancelled"}
 # The Celery nodes of the Procfile, as honcho names their output.
 NODES = ("worker.1", "beat.1")
@@ -374,7 +382,8 @@ def test_quickstart_serves_a_task_and_ctrl_c_stops_everything_with_its_own_redis
     redis_stat = _stat(redis_pid)
     started = launcher.stop(signal.SIGINT, group=True)
     commands = " ".join(p.cmdline for p in started)
-    assert "uvicorn" in commands and "--pool prefork" in commands and "--beat" in commands
+    # The worker takes as many tasks at once as its engine batches (LMSP_MAX_BATCH, 8 by default).
+    assert "uvicorn" in commands and "--pool threads --concurrency 8" in commands and "--beat" in commands
     assert launcher.proc.returncode == 130
     assert_all_gone([*started, ProcInfo(redis_pid, redis_stat[1], "redis-server")], launcher)
     assert not _answers(redis_port)

@@ -24,12 +24,15 @@ from prometheus_client.parser import text_string_to_metric_families
 from tasks_app import states
 from tasks_app.models import Task, TaskEvent
 from tasks_app.prometheus import (
+    GAUGE_TTL_SECONDS,
     TIME_TO_FIRST_TOKEN,
     Scrape,
     active_tasks_grouped,
     metrics_exposition,
     metrics_redis,
     metrics_redis_read,
+    process_key,
+    processes_key,
     tasks_active_count,
     worker_key,
     workers_key,
@@ -42,7 +45,7 @@ from tests.support.sse import open_stream
 from tests.support.tasks import create, wait_for_status
 from tests.support.waiting import wait_until
 from tests.support.worker import private_redis
-from workers.run_metrics import FLUSH_INTERVAL_SECONDS, Recorder, node_name
+from workers.run_metrics import FLUSH_INTERVAL_SECONDS, EngineMetrics, Recorder, node_name, recorder
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
@@ -437,3 +440,159 @@ def test_a_worker_that_cannot_reach_redis_drops_its_observations_with_one_warnin
     assert "1 observations dropped" in warnings[0].getMessage()
     # Nothing piles up in memory meanwhile.
     assert recorder.flush() is True
+
+
+# --------------------------------------------------------------------------- #
+# The batch engine's metrics
+# --------------------------------------------------------------------------- #
+
+ENGINE_GAUGE_NAMES = (
+    "lmsp_engine_max_batch",
+    "lmsp_engine_rows_running",
+    "lmsp_engine_rows_waiting",
+    "lmsp_engine_kv_cache_bytes",
+    "lmsp_engine_kv_cache_budget_bytes",
+    "lmsp_engine_tokens_per_second",
+)
+
+
+def engine_gauges(samples: Samples, node: str, model: str) -> dict[str, float]:
+    return {name: value(samples, name, worker=node, model=model) for name in ENGINE_GAUGE_NAMES}
+
+
+def flushed_scrape(base: str) -> Samples:
+    """A scrape after this process's recorder sent everything observed so far (flushes run one at a time)."""
+    assert recorder().flush()
+    return scrape(base)
+
+
+def test_engine_observations_reach_metrics_by_node_and_model_and_closed_engines_read_zero(web_server):
+    # Two pool processes of one node run the same model; the first also runs a second model.
+    node = f"engine-{os.getpid()}-{time.monotonic_ns()}@host"
+    first, second = f"{node}/101", f"{node}/102"
+    base_model, demo = "demo:base", "demo"
+    a = EngineMetrics(worker=first, model=base_model, max_batch=8)
+    b = EngineMetrics(worker=second, model=base_model, max_batch=8)
+    c = EngineMetrics(worker=first, model=demo, max_batch=4)
+    for engine, rows, seconds in ((a, 3, 0.004), (a, 3, 0.004), (b, 5, 0.02), (c, 1, 0.0004)):
+        engine.step(rows=rows, seconds=seconds)
+    a.prefill(tokens=100, seconds=0.03)
+    a.prefill(tokens=2000, seconds=0.6)
+    a.queue_wait(0.2)
+    b.queue_wait(3.0)
+    a.kv(in_use=1000, budget=10_000)
+    b.kv(in_use=500, budget=10_000)
+    a.rows(running=3, waiting=2)
+    b.rows(running=5, waiting=0)
+    c.rows(running=1, waiting=0)
+    # The rate gauge covers at least a flush interval.
+    time.sleep(FLUSH_INTERVAL_SECONDS + 0.1)
+
+    samples = flushed_scrape(web_server.base)
+
+    rows = "lmsp_engine_batch_rows"
+    assert value(samples, f"{rows}_count", worker=node, model=base_model) == 3
+    assert value(samples, f"{rows}_sum", worker=node, model=base_model) == 11
+    buckets = [value(samples, f"{rows}_bucket", worker=node, model=base_model, le=le) for le in ("2.0", "3.0", "6.0")]
+    assert buckets == [0, 2, 3]
+    assert value(samples, f"{rows}_count", worker=node, model=demo) == 1
+    assert value(samples, "lmsp_engine_generated_tokens_total", worker=node, model=base_model) == 11
+    assert value(samples, "lmsp_engine_generated_tokens_total", worker=node, model=demo) == 1
+    step = "lmsp_engine_step_seconds"
+    assert value(samples, f"{step}_count", worker=node, model=base_model) == 3
+    assert value(samples, f"{step}_sum", worker=node, model=base_model) == pytest.approx(0.028)
+    assert value(samples, f"{step}_bucket", worker=node, model=base_model, le="0.005") == 2
+    prefill = "lmsp_engine_prefill"
+    assert value(samples, f"{prefill}_tokens_sum", worker=node, model=base_model) == 2100
+    assert value(samples, f"{prefill}_seconds_count", worker=node, model=base_model) == 2
+    assert value(samples, f"{prefill}_seconds_sum", worker=node, model=base_model) == pytest.approx(0.63)
+    wait = "lmsp_engine_queue_wait_seconds"
+    assert value(samples, f"{wait}_bucket", worker=node, model=base_model, le="0.25") == 1
+    assert value(samples, f"{wait}_bucket", worker=node, model=base_model, le="5.0") == 2
+    assert value(samples, f"{wait}_count", worker=node, model=demo) == 0
+    assert_histograms_consistent(samples)
+    # Gauges: each process's own, added up per node.
+    gauges = engine_gauges(samples, node, base_model)
+    speed = gauges.pop("lmsp_engine_tokens_per_second")
+    assert gauges == {
+        "lmsp_engine_max_batch": 16,
+        "lmsp_engine_rows_running": 8,
+        "lmsp_engine_rows_waiting": 2,
+        "lmsp_engine_kv_cache_bytes": 1500,
+        "lmsp_engine_kv_cache_budget_bytes": 20_000,
+    }
+    # 11 tokens over at least a second.
+    assert 0 < speed <= 11
+    assert engine_gauges(samples, node, demo)["lmsp_engine_rows_running"] == 1
+    # The label is the node; no series carries a process's pid.
+    labelled = {dict(labels).get("worker") for name, labels in samples if name.startswith("lmsp_engine_")}
+    assert node in labelled and first not in labelled and second not in labelled
+    assert 0 < metrics_redis().ttl(process_key(first)) <= GAUGE_TTL_SECONDS
+
+    a.close()
+    a.rows(running=7, waiting=7)  # a late call after close changes nothing
+    after_one = engine_gauges(flushed_scrape(web_server.base), node, base_model)
+    assert after_one["lmsp_engine_rows_running"] == 5
+    assert after_one["lmsp_engine_max_batch"] == 8
+    assert after_one["lmsp_engine_kv_cache_bytes"] == 500
+
+    b.close()
+    c.close()
+    closed = flushed_scrape(web_server.base)
+    assert set(engine_gauges(closed, node, base_model).values()) == {0}
+    assert set(engine_gauges(closed, node, demo).values()) == {0}
+    # Counters and histograms keep what was observed.
+    assert value(closed, "lmsp_engine_generated_tokens_total", worker=node, model=base_model) == 11
+
+    # A new engine of the first process takes the place of the closed one.
+    again = EngineMetrics(worker=first, model=base_model, max_batch=8)
+    again.rows(running=2, waiting=0)
+    reopened = engine_gauges(flushed_scrape(web_server.base), node, base_model)
+    assert (reopened["lmsp_engine_max_batch"], reopened["lmsp_engine_rows_running"]) == (8, 2)
+    again.close()
+    assert recorder().flush()
+
+
+def test_the_gauges_of_a_process_that_stopped_reporting_drop_out():
+    client = metrics_redis()
+    node = f"engine-dead-{os.getpid()}@host"
+    dead, live = f"{node}/1", f"{node}/2"
+    for worker, rows in ((dead, 6), (live, 2)):
+        client.hset(process_key(worker), "lmsp_engine_rows_running|demo", rows)
+    # The dead process's latest report is older than the gauges' TTL (its hash would have expired).
+    client.zadd(processes_key(), {dead: time.time() - GAUGE_TTL_SECONDS - 1, live: time.time()})
+
+    readout = metrics_redis_read()
+
+    assert dead not in readout.processes and live in readout.processes
+    body, _ = metrics_exposition(Scrape(active=None, redis=readout, open_streams=0), accept="")
+    assert value(parse(body.decode()), "lmsp_engine_rows_running", worker=node, model="demo") == 2
+    client.delete(process_key(dead), process_key(live))
+    client.zrem(processes_key(), dead, live)
+
+
+def test_engine_metrics_never_raise_while_redis_is_down_and_gauges_are_sent_once_it_is_back(settings):
+    reachable = settings.REDIS_URL
+    node = f"engine-offline-{os.getpid()}-{time.monotonic_ns()}@host"
+    worker = f"{node}/7"
+    settings.REDIS_URL = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
+    engine = EngineMetrics(worker=worker, model="demo", max_batch=4)
+    engine.step(rows=2, seconds=0.001)
+    engine.prefill(tokens=5, seconds=0.002)
+    engine.queue_wait(0.01)
+    engine.kv(in_use=64, budget=1024)
+    engine.rows(running=2, waiting=1)
+
+    assert recorder().flush() is False
+
+    settings.REDIS_URL = reachable
+    assert recorder().flush() is True
+    client = metrics_redis()
+    sent = {key.decode(): float(number) for key, number in client.hgetall(process_key(worker)).items()}
+    # A latest value is sent again; the histograms' observations were dropped (a retry could count twice).
+    assert sent["lmsp_engine_rows_running|demo"] == 2
+    assert sent["lmsp_engine_kv_cache_budget_bytes|demo"] == 1024
+    assert not client.exists(worker_key(node))
+    engine.close()
+    assert recorder().flush()
+    client.delete(process_key(worker))

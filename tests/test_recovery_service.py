@@ -8,6 +8,7 @@ sweeper's share (tasks left waiting for a worker to resume them).
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -21,7 +22,7 @@ from django.utils import timezone
 from tasks_app import lifecycle, states
 from tasks_app.exceptions import ServerRestarted
 from tasks_app.lifecycle import RecoveryMove
-from tasks_app.models import Task, TaskEvent
+from tasks_app.models import Task, TaskEvent, TaskSnapshot
 from tasks_app.notify import key, redis_client
 from tasks_app.services.dispatch import queued_tasks_sweep
 from tasks_app.services.recovery import (
@@ -32,6 +33,7 @@ from tasks_app.services.recovery import (
     RESUMED,
     LiveWorkers,
     abandoned_tasks_reap,
+    held_task_release,
     leftover_tasks_recover,
 )
 from tasks_app.services.tasks import task_cancel
@@ -42,6 +44,7 @@ from tests.support.queues import queued_ids
 from tests.support.server import REPO
 from tests.support.waiting import wait_until
 from tests.support.worker import process_stopped
+from workers.shutdown import task_handed_back_log
 
 S = TaskStatus
 GHOST = "ghost@nowhere/1"
@@ -197,6 +200,108 @@ def test_a_worker_that_lost_its_task_can_no_longer_write_to_it(held):
     assert not late.won
     assert not TaskEvent.objects.filter(task_id=task_id, type="response.output_text.delta").exists()
     assert not lifecycle.task_adopt(task_id=task_id, worker="third@host/3").won
+
+
+SHUTDOWN = "its worker shut down before it finished"
+
+
+def test_a_stopping_worker_hands_its_tasks_back_by_their_policies(held, queue, settings):
+    settings.LMSP_MAX_ATTEMPTS = 3
+    failing = held(S.RUNNING, RestartPolicy.FAIL, age=0)
+    retried = held(S.RUNNING, RestartPolicy.RETRY, age=0)
+    resumed = held(S.RUNNING, RestartPolicy.RESUME, age=0)
+    loading = held(S.LOADING, RestartPolicy.RESUME, age=0)
+    cancelling = held(S.CANCELLING, RestartPolicy.RESUME, age=0)
+    worn = held(S.RUNNING, RestartPolicy.RETRY, age=0, attempts=3)
+
+    summaries = {
+        task_id: held_task_release(task_id=task_id, worker=GHOST, reason=SHUTDOWN)
+        for task_id in (failing, retried, resumed, loading, cancelling, worn)
+    }
+
+    assert {task_id: dict(summary.task_ids) for task_id, summary in summaries.items()} == {
+        failing: {FAILED: [failing]},
+        retried: {REQUEUED: [retried]},
+        resumed: {RESUMED: [resumed]},
+        # A task still loading has nothing to resume from: it starts over, as it would after a crash.
+        loading: {REQUEUED: [loading]},
+        cancelling: {CANCELLED: [cancelling]},
+        worn: {FAILED: [worn]},
+    }
+    rows = {t.id: t for t in Task.objects.filter(pk__in=summaries)}
+    assert {task_id: (row.status, row.worker) for task_id, row in rows.items()} == {
+        failing: (S.FAILED, GHOST),
+        retried: (S.QUEUED, ""),
+        resumed: (S.RUNNING, ""),
+        loading: (S.QUEUED, ""),
+        cancelling: (S.CANCELLED, GHOST),
+        worn: (S.FAILED, GHOST),
+    }
+    assert rows[failing].error["code"] == "server_restarted"
+    assert rows[failing].error["detail"] == f"The task was running when {SHUTDOWN}"
+    assert "started 3 times" in rows[worn].error["detail"]
+    assert TaskEvent.objects.filter(task_id=failing, type="response.failed").count() == 1
+    assert TaskEvent.objects.filter(task_id=cancelling, type="response.cancelled").count() == 1
+    # Attempts are counted by the claim, as after any recovery: a hand-back adds none.
+    assert {task_id: row.attempts for task_id, row in rows.items()} == {
+        **dict.fromkeys((failing, retried, resumed, loading, cancelling), 1),
+        worn: 3,
+    }
+    # The resumed task keeps what it committed; the rerun starts from nothing.
+    assert TaskSnapshot.objects.filter(task_id=resumed).exists()
+    assert not TaskSnapshot.objects.filter(task_id=retried).exists()
+    assert rows[retried].output_tokens == 0 and rows[resumed].output_tokens == 7
+    # What runs again is sent to the workers at once.
+    assert sorted(queued_ids(queue)) == sorted([retried, resumed, loading])
+    assert all(summaries[task_id].dispatched == 1 for task_id in (retried, resumed, loading))
+
+
+def test_a_hand_back_touches_only_a_task_that_worker_process_still_holds(held, queue):
+    ghost_task = held(S.RUNNING, RestartPolicy.FAIL, age=0)
+    taken_over = held(S.RUNNING, RestartPolicy.FAIL, age=0)
+    Task.objects.filter(pk=taken_over).update(worker="new@host/2")
+    finished = held(S.RUNNING, RestartPolicy.RETRY, age=0)
+    assert lifecycle.task_succeed(
+        task_id=finished, worker=GHOST, item_id="msg_1", text="", usage=None, output_tokens=7
+    ).won
+    waiting = held(S.QUEUED, RestartPolicy.FAIL)
+    rows = ("status", "worker", "heartbeat_at", "last_sequence", "updated_at")
+    before = {t["id"]: t for t in Task.objects.values("id", *rows)}
+
+    touched = [
+        # Another process of the same node, and one whose pid merely starts the same: not this one.
+        held_task_release(task_id=ghost_task, worker=f"{GHOST}1", reason=SHUTDOWN),
+        held_task_release(task_id=ghost_task, worker=GHOST.replace("/1", "/2"), reason=SHUTDOWN),
+        held_task_release(task_id=taken_over, worker=GHOST, reason=SHUTDOWN),
+        held_task_release(task_id=finished, worker=GHOST, reason=SHUTDOWN),
+        held_task_release(task_id=waiting, worker=GHOST, reason=SHUTDOWN),
+        held_task_release(task_id="task_missing", worker=GHOST, reason=SHUTDOWN),
+    ]
+
+    assert [summary.task_ids for summary in touched] == [{}] * len(touched)
+    assert {t["id"]: t for t in Task.objects.values("id", *rows)} == before
+    # Nothing was sent: none of them runs again.
+    assert queued_ids(queue) == []
+    # And the process that does hold it gets its move.
+    assert held_task_release(task_id=ghost_task, worker=GHOST, reason=SHUTDOWN).task_ids == {FAILED: [ghost_task]}
+
+
+def test_a_handed_back_task_gets_one_line_saying_what_its_policy_made_of_it(held, caplog):
+    retried = held(S.RUNNING, RestartPolicy.RETRY, age=0)
+    taken_over = held(S.RUNNING, RestartPolicy.FAIL, age=0)
+    Task.objects.filter(pk=taken_over).update(worker="new@host/2")
+
+    with caplog.at_level(logging.WARNING, logger="workers.shutdown"):
+        for task_id in (retried, taken_over):
+            summary = held_task_release(task_id=task_id, worker=GHOST, reason=SHUTDOWN)
+            task_handed_back_log(task_id=task_id, summary=summary)
+
+    lines = [record.getMessage() for record in caplog.records if record.name == "workers.shutdown"]
+    assert lines == [
+        f"task {retried} interrupted by shutdown; on_restart=retry: it is queued again and runs anew "
+        "at the next start (or on another running worker)",
+        f"task {taken_over} interrupted by shutdown; on_restart=fail: new@host/2 holds it now",
+    ]
 
 
 def test_the_sweeper_resends_tasks_waiting_to_be_resumed_and_a_cancel_reaches_them(held, queue):

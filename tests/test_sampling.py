@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import shutil
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -188,6 +189,79 @@ def test_the_nucleus_shortcut_matches_a_full_sort() -> None:
         assert pick == reference(logits, 0.9, top_p, draw)
         picks.add(pick)
     assert len(picks) > 10
+
+
+def plain_pick(row: np.ndarray, settings: SamplingSettings, draw: float) -> int:
+    """The cuts as formulas over the whole vocabulary in float64: no partial sort, no work array reused."""
+    scores = row.astype(np.float64) / settings.temperature
+    ids = np.arange(len(scores))
+    if 0 < settings.top_k < len(scores):
+        ids = np.flatnonzero(scores >= np.sort(scores)[len(scores) - settings.top_k])
+    probs = np.exp(scores - scores.max())
+    probs /= probs.sum()
+    ordered = settings.top_k > 0 or settings.top_p < 1.0
+    if ordered:
+        ids = ids[np.argsort(-probs[ids], kind="stable")]
+    cumulative = np.cumsum(probs[ids])
+    if settings.top_p < 1.0:
+        target = settings.top_p * (cumulative[-1] if settings.top_k else 1.0)
+        keep = min(int(np.searchsorted(cumulative, target)) + 1, len(ids))
+        ids, cumulative = ids[:keep], cumulative[:keep]
+    if settings.min_p > 0.0:
+        mask = probs[ids] >= settings.min_p * probs[ids].max()
+        # A prefix of an ordered list; else a mask in id order, whose running sum is its own.
+        ids, cumulative = (ids[mask], cumulative[mask]) if ordered else (ids[mask], np.cumsum(probs[ids[mask]]))
+    return int(ids[min(int(np.searchsorted(cumulative, draw * cumulative[-1], side="right")), len(ids) - 1)])
+
+
+@pytest.mark.parametrize("vocab", [7, 4000, 151936])
+def test_every_cut_picks_exactly_what_the_plain_float64_formulas_pick(vocab: int) -> None:
+    """Same seed, same token: the work the sampler saves (float32 top_k threshold, reused arrays) changes no bit."""
+    rng = np.random.default_rng(vocab)
+    cases = [
+        {"temperature": 1.0},
+        {"temperature": 0.7, "top_p": 0.9},
+        {"temperature": 1.0, "top_p": 0.6},
+        {"temperature": 0.7, "top_k": 20, "top_p": 0.8},
+        {"temperature": 1.0, "top_k": 5},
+        {"temperature": 1.3, "top_k": 50, "top_p": 0.95, "min_p": 0.05},
+        {"temperature": 0.5, "min_p": 0.1},
+        {"temperature": 1e-3, "top_k": 3},  # scores of thousands: exp underflows for all but a few ids
+    ]
+    picks = set()
+    for trial in range(6 if vocab > 10_000 else 40):
+        logits = (rng.normal(size=vocab) * rng.uniform(0.5, 8)).astype(np.float32)
+        if trial % 2:
+            logits = np.round(logits, 0)  # many ties, at the top_k threshold too
+        context = rng.integers(0, vocab, size=min(vocab, 30)).tolist()
+        for settings in (SamplingSettings(**case, repetition_penalty=1.1) for case in cases):
+            draw = np.random.Generator(np.random.PCG64(trial)).random()
+            expected = plain_pick(penalised(logits, context, 1.1), settings, draw)
+            before = logits.copy()
+            pick = Sampler(settings, seed=trial, context_ids=context, vocab_size=vocab).sample(logits)
+            assert pick == expected, (trial, settings)
+            assert np.array_equal(logits, before)  # the penalty works on a copy, never the session's row
+            picks.add(pick)
+    assert len(picks) > min(vocab, 40) // 2
+
+
+def test_samplers_in_parallel_threads_draw_what_they_draw_alone() -> None:
+    """Work arrays are per thread: two generations sampling at once must not see each other's rows."""
+    rng = np.random.default_rng(3)
+    rows = [(rng.normal(size=151936) * 3).astype(np.float32) for _ in range(4)]
+    settings = [
+        SamplingSettings(temperature=0.7, top_k=20, top_p=0.8, repetition_penalty=1.05),
+        SamplingSettings(temperature=1.0, repetition_penalty=1.3),
+    ]
+
+    def run(index: int) -> list[int]:
+        sampler = Sampler(settings[index], seed=index, context_ids=[index, 99], vocab_size=151936)
+        return [sampler.sample(rows[(step + index) % 4]) for step in range(40)]
+
+    alone = [run(0), run(1)]
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        together = list(pool.map(run, [0, 1]))
+    assert together == alone
 
 
 def test_one_random_number_per_sampled_token_and_a_resumed_sampler_continues_the_stream() -> None:

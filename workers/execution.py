@@ -6,12 +6,21 @@ This module decides which lifecycle verb to call and when; the verbs
 message whose task is no longer queued is dropped here, and Celery never
 decides what runs.
 
-Deltas are committed in batches (``LMSP_DELTA_BATCH_TOKENS`` tokens or
-``LMSP_DELTA_BATCH_MS`` milliseconds): each batch is one ``task_progress``
-that appends the deltas, stores the snapshot row and checks, through the
-compare-and-set on ``running``, that no cancel won meanwhile. Between batches
-the decode loop watches a flag the cancel watcher sets from Redis, so a
-cancel stops generation within one decode step.
+The generation itself runs in the process's batch engine for its model
+(``workers.engine``): this thread submits it and reads its chunks, while the
+engine's model thread steps it together with the other tasks' rows. So this
+module is the only place that touches the database for a task, and the
+model never waits for it.
+
+Deltas are committed in batches: the engine hands over a row's first token
+at once, then every ``LMSP_DELTA_BATCH_TOKENS`` tokens or
+``LMSP_DELTA_BATCH_MS`` milliseconds, and what piled up while a commit ran
+is merged into the next one. Each batch is one ``task_progress`` that
+appends the deltas, stores the snapshot row and checks, through the
+compare-and-set on ``running``, that no cancel won meanwhile. The engine
+watches a flag the cancel watcher sets from Redis before every model call
+of the row, so a cancel stops its row within one decode step; a lost
+compare-and-set stops the row from here.
 """
 
 from __future__ import annotations
@@ -20,6 +29,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,14 +48,25 @@ from tasks_app.exceptions import (
 )
 from tasks_app.ids import new_message_id
 from tasks_app.lifecycle import Partial, TransitionResult
-from tasks_app.selectors import task_output_text, task_run_request, task_snapshot_get
+from tasks_app.selectors import StoredSnapshot, task_output_text, task_run_request, task_snapshot_get
+from tasks_app.services.recovery import held_task_release
 from tasks_app.states import TaskStatus
 from tasks_app.wire import usage_object
-from workers.backends.base import FINISH_CANCELLED, FINISH_LENGTH, Generation, LoadedModel, SamplingParams
+from workers.backends.base import (
+    FINISH_CANCELLED,
+    FINISH_LENGTH,
+    Chunk,
+    Generation,
+    LoadedModel,
+    RowStream,
+    SamplingParams,
+)
 from workers.backends.errors import ModelLoadError, PromptRejected, RuntimeFailure
 from workers.cancel_watcher import cancel_watcher
+from workers.engine import engine_for
 from workers.model_cache import model_cache
 from workers.run_metrics import RunMetrics
+from workers.shutdown import task_handed_back_log
 
 logger = logging.getLogger(__name__)
 
@@ -157,10 +178,13 @@ class _Run:
     heartbeat: Heartbeat
     metrics: RunMetrics
     generation: Generation | None = None
+    model_name: str = ""
+    chunk: Chunk | None = None
+    """The last chunk read from the engine: its state is the next snapshot's."""
     committed_text: list[str] = field(default_factory=list)
     pending: list[str] = field(default_factory=list)
     pending_tokens: int = 0
-    batch_started: float = 0.0
+    last_token_at: float = 0.0
     # Generated ids already in snapshot rows, and whether the prompt is.
     stored_tokens: int = 0
     prompt_stored: bool = False
@@ -175,7 +199,16 @@ class _Run:
         with the output.
         """
         assert self.generation is not None
-        new_ids, state = self.generation.snapshot_since(self.stored_tokens, with_prompt=not self.prompt_stored)
+        chunk = self.chunk
+        if chunk is None or chunk.state is None:
+            # Before the engine has the generation: this thread is the only one touching it.
+            new_ids, state = self.generation.snapshot_since(self.stored_tokens, with_prompt=not self.prompt_stored)
+        else:
+            # The model thread is ahead: the state and ids as of the chunk's last step.
+            new_ids = self.generation.generated_ids[self.stored_tokens : chunk.output_tokens]
+            state = dict(chunk.state)
+            if not self.prompt_stored:
+                state["prompt_ids"] = list(self.generation.prompt_ids)
         self._snapshot_tokens = self.stored_tokens + len(new_ids)
         return {"token_ids": new_ids, "state": {"item_id": self.item_id, "backend": state}}
 
@@ -193,6 +226,9 @@ class _Run:
 
     @property
     def output_tokens(self) -> int:
+        """Tokens as far as this thread has read them (the engine may be ahead)."""
+        if self.chunk is not None:
+            return self.chunk.output_tokens
         return self.generation.output_tokens if self.generation is not None else 0
 
 
@@ -231,29 +267,35 @@ def task_execute(*, task_id: str, worker: str) -> str:
         metrics.run_ended()
 
 
-def _load(run: _Run, model_name: str, sources: Iterable[TaskStatus]) -> LoadedModel | str:
-    """The loaded model, or the outcome of failing the task because it would not load."""
-    try:
-        return model_cache().get(model_name)
-    except ModelLoadError as exc:
+def _load_failure(run: _Run, exc: Exception, sources: Iterable[TaskStatus]) -> str:
+    """The outcome of failing the task because its model would not load."""
+    if isinstance(exc, ModelLoadError):
         logger.warning("task %s: %s", run.task_id, exc)
         return _fail(run, runtime_problem(exc), sources=sources)
-    except Exception:
-        logger.exception("task %s: loading model %s failed", run.task_id, model_name)
-        return _fail(run, ModelLoadFailed(f"Model {model_name!r} could not be loaded").to_problem(), sources)
+    logger.error("task %s: loading model %s failed", run.task_id, run.model_name, exc_info=exc)
+    return _fail(run, ModelLoadFailed(f"Model {run.model_name!r} could not be loaded").to_problem(), sources)
 
 
 def _run(task_id: str, worker: str, cancelled: threading.Event, heartbeat: Heartbeat, metrics: RunMetrics) -> str:
     model_name, request = task_run_request(task_id=task_id)
-    run = _Run(task_id=task_id, worker=worker, item_id=new_message_id(), heartbeat=heartbeat, metrics=metrics)
-    model = _load(run, model_name, [S.LOADING])
-    if isinstance(model, str):
-        return model
-    try:
-        return _generate(run, model, request, cancelled)
-    except Exception as exc:
-        logger.exception("task %s: backend error", task_id)
-        return _fail(run, runtime_problem(exc), sources=states.HELD & states.sources_for(S.FAILED))
+    run = _Run(
+        task_id=task_id,
+        worker=worker,
+        item_id=new_message_id(),
+        heartbeat=heartbeat,
+        metrics=metrics,
+        model_name=model_name,
+    )
+    with ExitStack() as leased:
+        try:
+            model = leased.enter_context(model_cache().lease(model_name))
+        except Exception as exc:
+            return _load_failure(run, exc, [S.LOADING])
+        try:
+            return _generate(run, model, request, cancelled)
+        except Exception as exc:
+            logger.exception("task %s: backend error", task_id)
+            return _fail(run, runtime_problem(exc), sources=states.HELD & states.sources_for(S.FAILED))
 
 
 def _resume(
@@ -265,7 +307,12 @@ def _resume(
     _, text = task_output_text(task_id=task_id)
     item_id = stored.last_state.get("item_id") if stored is not None else None
     run = _Run(
-        task_id=task_id, worker=worker, item_id=item_id or new_message_id(), heartbeat=heartbeat, metrics=metrics
+        task_id=task_id,
+        worker=worker,
+        item_id=item_id or new_message_id(),
+        heartbeat=heartbeat,
+        metrics=metrics,
+        model_name=model_name,
     )
     run.committed_text = [text]
     if status == S.CANCELLING:
@@ -275,9 +322,22 @@ def _resume(
         problem = ServerRestarted("The service restarted and the task has no snapshot to resume from").to_problem()
         return _fail(run, problem, sources=[S.RUNNING])
     run.stored_tokens, run.prompt_stored = len(stored.token_ids), True
-    model = _load(run, model_name, [S.RUNNING])
-    if isinstance(model, str):
-        return model
+    with ExitStack() as leased:
+        try:
+            model = leased.enter_context(model_cache().lease(model_name))
+        except Exception as exc:
+            return _load_failure(run, exc, [S.RUNNING])
+        return _resume_generation(run, model, request, stored, text, cancelled)
+
+
+def _resume_generation(
+    run: _Run,
+    model: LoadedModel,
+    request: Mapping[str, Any],
+    stored: StoredSnapshot,
+    text: str,
+    cancelled: threading.Event,
+) -> str:
     try:
         backend_state = {
             **stored.last_state["backend"],
@@ -289,52 +349,69 @@ def _resume(
         run.generation = model.resume(backend_state, params, should_stop=cancelled.is_set)
         logger.info(
             "task %s resumed after %d output tokens, seed %d",
-            task_id,
+            run.task_id,
             run.generation.output_tokens,
             run.generation.seed,
         )
-        return _stream(run, cancelled)
+        return _stream(run, _submit(run, model))
     except Exception as exc:
-        logger.exception("task %s: backend error", task_id)
+        logger.exception("task %s: backend error", run.task_id)
         return _fail(run, runtime_problem(exc), sources=[S.RUNNING])
+
+
+def _submit(run: _Run, model: LoadedModel) -> RowStream:
+    assert run.generation is not None
+    return engine_for(model, worker=run.worker, model_name=run.model_name).submit(run.generation)
 
 
 def _generate(run: _Run, model: LoadedModel, request: Mapping[str, Any], cancelled: threading.Event) -> str:
     params = SamplingParams.from_request(request)
     prompt_ids = model.prompt_ids(request)
     run.generation = model.generate(prompt_ids, params, should_stop=cancelled.is_set)
-    started = _committed(
-        lifecycle.task_start, task_id=run.task_id, worker=run.worker, item_id=run.item_id, snapshot=run.snapshot()
-    )
+    # Taken before the engine has the generation; the prefill then overlaps the start's commit.
+    first = run.snapshot()
+    stream = _submit(run, model)
+    try:
+        started = _committed(
+            lifecycle.task_start, task_id=run.task_id, worker=run.worker, item_id=run.item_id, snapshot=first
+        )
+    except BaseException:
+        stream.stop()
+        raise
     if not started.won:
+        stream.stop()
         return _after_lost_race(run, started)
     run.snapshot_stored()
     logger.info(
         "task %s running: %d prompt tokens, seed %d", run.task_id, run.generation.prompt_tokens, run.generation.seed
     )
-    return _stream(run, cancelled)
+    return _stream(run, stream)
 
 
-def _stream(run: _Run, cancelled: threading.Event) -> str:
-    """Generate to the end, committing deltas in batches."""
+def _stream(run: _Run, stream: RowStream) -> str:
+    """Read the row's chunks to its end, committing each as one batch."""
     assert run.generation is not None
-    max_tokens = max(1, settings.LMSP_DELTA_BATCH_TOKENS)
-    window = settings.LMSP_DELTA_BATCH_MS / 1000
-    for step in run.generation:
-        if step.text:
-            run.pending.append(step.text)
-        if step.token_id is None:
-            continue
-        if run.pending_tokens == 0:
-            run.batch_started = time.monotonic()
-            run.metrics.batch_started(run.batch_started, run.generation.output_tokens)
-        run.pending_tokens += 1
-        if run.pending_tokens >= max_tokens or time.monotonic() - run.batch_started >= window:
-            outcome = _commit_batch(run)
-            if outcome is not None:
-                return outcome
-    run.metrics.generation_stopped(run.generation.output_tokens)
-
+    try:
+        for chunk in stream:
+            if chunk.tokens:
+                # Timed on the model thread: a chunk read late still measures when its tokens came.
+                run.metrics.batch_started(chunk.first_at, chunk.output_tokens - chunk.tokens)
+                run.last_token_at = chunk.last_at
+            run.chunk = chunk
+            run.pending.extend(step.text for step in chunk.steps if step.text)
+            run.pending_tokens += chunk.tokens
+            if chunk.final:
+                break
+            lost = _commit_batch(run)
+            if lost is not None:
+                stream.stop()
+                return _after_lost_race(run, lost)
+    finally:
+        stream.stop()
+    assert run.chunk is not None
+    run.metrics.generation_stopped(run.output_tokens, at=run.last_token_at or None)
+    if run.chunk.interrupted:
+        return _hand_back(run)
     if run.generation.finish_reason == FINISH_CANCELLED:
         # The flag is only set by a committed move to cancelling; what the
         # pending batch held was never committed, so it is not part of the output.
@@ -342,8 +419,19 @@ def _stream(run: _Run, cancelled: threading.Event) -> str:
     return _succeed(run)
 
 
-def _commit_batch(run: _Run) -> str | None:
-    """Commit the pending deltas; a non-None result means the run is over."""
+def _hand_back(run: _Run) -> str:
+    """The worker is stopping and the row did not finish: commit what it made, then apply the task's policy."""
+    if run.pending_tokens or run.pending:
+        lost = _commit_batch(run)
+        if lost is not None:
+            return _after_lost_race(run, lost)
+    summary = held_task_release(task_id=run.task_id, worker=run.worker, reason="its worker was shut down")
+    task_handed_back_log(task_id=run.task_id, summary=summary)
+    return "handed back"
+
+
+def _commit_batch(run: _Run) -> TransitionResult | None:
+    """Commit the pending deltas; the lost compare-and-set's result if another writer moved the task."""
     result = _committed(
         lifecycle.task_progress,
         task_id=run.task_id,
@@ -354,8 +442,8 @@ def _commit_batch(run: _Run) -> str | None:
         snapshot=run.snapshot(),
     )
     if not result.won:
-        run.metrics.generation_stopped(run.output_tokens)
-        return _after_lost_race(run, result)
+        run.metrics.generation_stopped(run.output_tokens, at=run.last_token_at or None)
+        return result
     run.metrics.batch_committed(events=len(result.events), tokens=run.pending_tokens)
     run.heartbeat.touched()
     run.snapshot_stored()

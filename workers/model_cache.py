@@ -3,6 +3,11 @@
 A worker process owns one device; loading a model is its most expensive
 step, so loaded models are kept (least recently used is closed first) and
 reloaded only when the models table says the files changed.
+
+Many task threads share a process (and a model's batch engine), so a model
+is taken with :meth:`ModelCache.lease`: one in use is never closed under its
+rows. Evicting or replacing it waits until its last lease ends; meanwhile the
+cache may hold more models than its capacity.
 """
 
 from __future__ import annotations
@@ -11,6 +16,8 @@ import logging
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from django.conf import settings
@@ -23,10 +30,13 @@ from workers.backends.errors import ModelLoadError
 logger = logging.getLogger(__name__)
 
 
-@dataclass
+@dataclass(eq=False)
 class _Entry:
     digest: str
     model: LoadedModel
+    users: int = 0
+    retired: bool = False
+    """Out of the cache (evicted or replaced); closed when its last user leaves."""
 
 
 class ModelCache:
@@ -35,8 +45,31 @@ class ModelCache:
         self._entries: OrderedDict[str, _Entry] = OrderedDict()
         self._lock = threading.Lock()
 
+    @contextmanager
+    def lease(self, name: str) -> Iterator[LoadedModel]:
+        """The loaded model ``name``, kept open until the block ends; raises ``ModelLoadError``."""
+        entry = self._acquire(name)
+        try:
+            yield entry.model
+        finally:
+            with self._lock:
+                entry.users -= 1
+                closing = entry.retired and entry.users == 0
+            if closing:
+                entry.model.close()
+
     def get(self, name: str) -> LoadedModel:
-        """The loaded model ``name`` (as the models table knows it); raises ``ModelLoadError``."""
+        """The loaded model ``name`` without a lease (it may be closed once another model needs room)."""
+        with self.lease(name) as model:
+            return model
+
+    def _retire(self, entry: _Entry) -> None:
+        """Out of the cache; closed now if unused (the caller holds the lock)."""
+        entry.retired = True
+        if entry.users == 0:
+            entry.model.close()
+
+    def _acquire(self, name: str) -> _Entry:
         record = model_find_by_name(name)
         if record is None:
             raise ModelLoadError(f"model {name!r} is no longer registered")
@@ -44,14 +77,16 @@ class ModelCache:
             entry = self._entries.get(record.name)
             if entry is not None and entry.digest == record.digest:
                 self._entries.move_to_end(record.name)
-                return entry.model
+                entry.users += 1
+                return entry
             if entry is not None:
                 del self._entries[record.name]
-                entry.model.close()
-            while len(self._entries) >= self.capacity:
-                old_name, old = self._entries.popitem(last=False)
+                self._retire(entry)
+            idle = [key for key, cached in self._entries.items() if cached.users == 0]
+            while len(self._entries) >= self.capacity and idle:
+                old_name = idle.pop(0)
                 logger.info("unloading model %s to make room", old_name)
-                old.model.close()
+                self._retire(self._entries.pop(old_name))
             started = time.perf_counter()
             model = get_backend(record.backend).load(
                 settings.LMSP_MODELS_DIR / record.path,
@@ -61,6 +96,7 @@ class ModelCache:
                 prefill_chunk=settings.LMSP_PREFILL_CHUNK,
                 intra_op_threads=settings.LMSP_INTRA_OP_THREADS or None,
                 spinning=settings.LMSP_ORT_SPINNING,
+                gpu_mem_limit=settings.LMSP_GPU_MEM_LIMIT_BYTES or None,
             )
             logger.info(
                 "model %s loaded on %s (device %s, id %d) in %.0f ms",
@@ -70,14 +106,15 @@ class ModelCache:
                 settings.LMSP_DEVICE_ID,
                 (time.perf_counter() - started) * 1000,
             )
-            self._entries[record.name] = _Entry(digest=record.digest, model=model)
-            return model
+            entry = _Entry(digest=record.digest, model=model, users=1)
+            self._entries[record.name] = entry
+            return entry
 
     def clear(self) -> None:
         with self._lock:
             while self._entries:
                 _, entry = self._entries.popitem()
-                entry.model.close()
+                self._retire(entry)
 
 
 _cache: ModelCache | None = None

@@ -12,10 +12,21 @@ sees a few commands per second, never one per token.
 A failed flush drops its observations (a retry could count them twice) and
 logs a rate-limited warning. A node's hash expires once it has not reported
 for ``LMSP_METRICS_WORKER_TTL_SECONDS``; a live but idle process refreshes it.
+
+A batch engine's gauges (rows, KV cache bytes) are latest values, not sums,
+so two processes of one node would overwrite each other in one field: each
+process writes them into a hash of its own (``HSET``, key named by its
+``<node>/<pid>``), and the scrape adds up a node's processes. The same flush
+sends them when they changed, or every quarter of ``GAUGE_TTL_SECONDS``;
+that hash expires with that short TTL, so the rows of a process that died
+stop counting within seconds. A failed flush keeps them to send again (a
+latest value cannot count twice). A closed engine's zeros are sent once,
+then it is forgotten: a process with no engine left lets its hash expire.
 """
 
 from __future__ import annotations
 
+import bisect
 import functools
 import logging
 import math
@@ -29,6 +40,7 @@ from typing import ParamSpec
 import redis
 from django.conf import settings
 from django.utils import timezone
+from redis.client import Pipeline
 
 from tasks_app.models import Task
 from tasks_app.prometheus import (
@@ -36,12 +48,28 @@ from tasks_app.prometheus import (
     BATCH_TOKENS,
     CANCEL_LATENCY,
     CLAIM_TO_FIRST_TOKEN,
+    ENGINE_BATCH_ROWS,
+    ENGINE_KV_BUDGET,
+    ENGINE_KV_BYTES,
+    ENGINE_MAX_BATCH,
+    ENGINE_PREFILL_SECONDS,
+    ENGINE_PREFILL_TOKENS,
+    ENGINE_QUEUE_WAIT,
+    ENGINE_ROWS_RUNNING,
+    ENGINE_ROWS_WAITING,
+    ENGINE_STEP_SECONDS,
+    ENGINE_TOKENS_RATE,
+    GAUGE_TTL_SECONDS,
     TIME_TO_FIRST_TOKEN,
     TOKENS_PER_SECOND,
     HistogramSpec,
     RateLimitedWarning,
     bucket_field,
     metrics_redis,
+    node_name,
+    process_key,
+    processes_key,
+    series_name,
     worker_key,
     workers_key,
 )
@@ -53,9 +81,16 @@ FLUSH_INTERVAL_SECONDS = 1.0
 P = ParamSpec("P")
 
 
-def node_name(worker: str) -> str:
-    """The Celery node of a task's ``worker`` (``<node>/<pid>``): the children of one node share its metrics."""
-    return worker.rsplit("/", 1)[0]
+@functools.cache
+def _series_fields(spec: HistogramSpec, model: str | None) -> tuple[tuple[str, ...], str, str]:
+    """The hash fields of one series: a bucket's per bound (``inf`` last), its count and its sum.
+
+    Made once: an engine observes on every decode step, and formatting the
+    names each time cost more than the rest of an observation.
+    """
+    series = series_name(spec, model)
+    bounds = (*spec.buckets, math.inf)
+    return tuple(bucket_field(spec, bound, model) for bound in bounds), f"{series}:count", f"{series}:sum"
 
 
 class Recorder:
@@ -71,18 +106,64 @@ class Recorder:
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._warning = RateLimitedWarning(logger)
+        # (worker, model) -> the engine whose gauges are reported; a closed one until its zeros are sent.
+        self._engines: dict[tuple[str, str], EngineMetrics] = {}
+        # Flushes run one at a time: the gauges last sent are compared with the next.
+        self._flush_lock = threading.Lock()
+        # worker process -> its gauge fields as last written to Redis, and when (monotonic)
+        self._gauges_sent: dict[str, dict[str, float]] = {}
+        self._gauges_sent_at: dict[str, float] = {}
 
-    def observe(self, spec: HistogramSpec, node: str, value: float) -> None:
-        if not math.isfinite(value):
-            return  # Redis refuses to add NaN or infinity to a sum
+    def observe(self, spec: HistogramSpec, node: str, value: float, *, model: str | None = None) -> None:
+        self.observe_each(node, model, ((spec, value),))
+
+    def observe_each(self, node: str, model: str | None, observations: tuple[tuple[HistogramSpec, float], ...]) -> None:
+        """Several observations of one node (and model) under one taking of the lock."""
         with self._lock:
             fields = self._pending.setdefault(node, {})
-            for name, amount in (
-                (bucket_field(spec, spec.bucket_of(value)), 1),
-                (f"{spec.name}:count", 1),
-                (f"{spec.name}:sum", value),
-            ):
-                fields[name] = fields.get(name, 0) + amount
+            for spec, value in observations:
+                if not math.isfinite(value):
+                    continue  # Redis refuses to add NaN or infinity to a sum
+                buckets, count, total = _series_fields(spec, model)
+                bucket = buckets[bisect.bisect_left(spec.buckets, value)]
+                fields[bucket] = fields.get(bucket, 0) + 1
+                fields[count] = fields.get(count, 0) + 1
+                fields[total] = fields.get(total, 0) + value
+
+    def engine_opened(self, engine: EngineMetrics) -> None:
+        """Report ``engine``'s gauges from now on, in place of an earlier engine of its process and model."""
+        with self._lock:
+            self._engines[engine.worker, engine.model] = engine
+
+    def _gauges_due(self) -> tuple[dict[str, dict[str, float]], list[EngineMetrics]]:
+        """Per worker process, its gauge fields if they changed since they were sent or are due for a refresh;
+        and the engines that were closed when read."""
+        with self._lock:
+            engines = list(self._engines.values())
+        current: dict[str, dict[str, float]] = {}
+        closed = []
+        for engine in engines:
+            fields, is_closed = engine.gauge_fields()
+            current.setdefault(engine.worker, {}).update(fields)
+            if is_closed:
+                closed.append(engine)
+        now = time.monotonic()
+        for worker in set(self._gauges_sent) - set(current):
+            del self._gauges_sent[worker], self._gauges_sent_at[worker]
+        due = {
+            worker: fields
+            for worker, fields in current.items()
+            if fields != self._gauges_sent.get(worker)
+            or now - self._gauges_sent_at.get(worker, -math.inf) > GAUGE_TTL_SECONDS / 4
+        }
+        return due, closed
+
+    def _forget(self, closed: list[EngineMetrics]) -> None:
+        """Closed engines whose zeros Redis holds now: no longer refreshed, their process's hash may expire."""
+        with self._lock:
+            for engine in closed:
+                if self._engines.get((engine.worker, engine.model)) is engine:
+                    del self._engines[engine.worker, engine.model]
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="lmsp-metrics", daemon=True)
@@ -92,38 +173,68 @@ class Recorder:
         self._wake.set()
 
     def flush(self) -> bool:
-        """Send what piled up (and keep an idle node's keys alive); False if Redis refused."""
+        """Send what piled up and the engines' gauges (and keep an idle node's keys alive); False if Redis refused."""
+        with self._flush_lock:
+            return self._flush()
+
+    def _flush(self) -> bool:
         with self._lock:
             pending, self._pending = self._pending, {}
+        gauges, closed = self._gauges_due()
         ttl = settings.LMSP_METRICS_WORKER_TTL_SECONDS
         refresh = time.monotonic() - self._reported_at > ttl / 4
         nodes = set(pending) | (self._reported if refresh else set())
-        if not nodes:
+        if not nodes and not gauges:
+            self._forget(closed)
             return True
         now = time.time()
         try:
             pipe = metrics_redis().pipeline(transaction=True)
-            for node, fields in pending.items():
-                key = worker_key(node)
-                for name, amount in fields.items():
-                    if name.endswith(":sum"):
-                        pipe.hincrbyfloat(key, name, amount)
-                    else:
-                        pipe.hincrby(key, name, int(amount))
-            for node in nodes:
-                pipe.expire(worker_key(node), ttl)
-                pipe.zadd(workers_key(), {node: now})
-            # Nodes gone for longer than the TTL: their hashes have expired too.
-            pipe.zremrangebyscore(workers_key(), "-inf", now - ttl)
-            pipe.expire(workers_key(), ttl)
+            if nodes:
+                self._add_histograms(pipe, pending, nodes, now)
+            if gauges:
+                self._add_gauges(pipe, gauges, now)
             pipe.execute()
         except (redis.RedisError, OSError) as exc:
             dropped = sum(int(v) for fields in pending.values() for k, v in fields.items() if k.endswith(":count"))
             self._warning("worker metrics not reported, %d observations dropped: Redis: %s", dropped, exc)
             return False
-        self._reported |= nodes
-        self._reported_at = time.monotonic()
+        if nodes:
+            self._reported |= nodes
+            self._reported_at = time.monotonic()
+        sent_at = time.monotonic()
+        for worker, fields in gauges.items():
+            self._gauges_sent[worker] = fields
+            self._gauges_sent_at[worker] = sent_at
+        self._forget(closed)
         return True
+
+    @staticmethod
+    def _add_histograms(pipe: Pipeline, pending: dict[str, dict[str, float]], nodes: set[str], now: float) -> None:
+        ttl = settings.LMSP_METRICS_WORKER_TTL_SECONDS
+        for node, fields in pending.items():
+            key = worker_key(node)
+            for name, amount in fields.items():
+                if name.endswith(":sum"):
+                    pipe.hincrbyfloat(key, name, amount)
+                else:
+                    pipe.hincrby(key, name, int(amount))
+        for node in nodes:
+            pipe.expire(worker_key(node), ttl)
+            pipe.zadd(workers_key(), {node: now})
+        # Nodes gone for longer than the TTL: their hashes have expired too.
+        pipe.zremrangebyscore(workers_key(), "-inf", now - ttl)
+        pipe.expire(workers_key(), ttl)
+
+    @staticmethod
+    def _add_gauges(pipe: Pipeline, gauges: dict[str, dict[str, float]], now: float) -> None:
+        for worker, fields in gauges.items():
+            pipe.hset(process_key(worker), mapping=fields)
+            pipe.expire(process_key(worker), GAUGE_TTL_SECONDS)
+            pipe.zadd(processes_key(), {worker: now})
+        # Processes that stopped reporting: their hashes have expired too.
+        pipe.zremrangebyscore(processes_key(), "-inf", now - GAUGE_TTL_SECONDS)
+        pipe.expire(processes_key(), GAUGE_TTL_SECONDS)
 
     def _run(self) -> None:
         while True:
@@ -200,13 +311,14 @@ class RunMetrics:
         recorder().observe(BATCH_TOKENS, self.node, tokens)
 
     @_never_raises
-    def generation_stopped(self, output_tokens: int) -> None:
-        """The model produced its last token of this run (it ended, was cancelled or lost the task)."""
+    def generation_stopped(self, output_tokens: int, at: float | None = None) -> None:
+        """The model produced its last token of this run at ``at`` (monotonic; default now): it ended,
+        was cancelled or lost the task."""
         if self.stopped or self.first_token_at is None:
             return
         self.stopped = True
         after_first = output_tokens - self.first_token_count
-        elapsed = time.monotonic() - self.first_token_at
+        elapsed = (time.monotonic() if at is None else at) - self.first_token_at
         if after_first > 0 and elapsed > 0:
             recorder().observe(TOKENS_PER_SECOND, self.node, after_first / elapsed)
 
@@ -222,3 +334,101 @@ class RunMetrics:
     @_never_raises
     def run_ended(self) -> None:
         recorder().flush_soon()
+
+
+class EngineMetrics:
+    """Observations of one batch engine: one model in one worker process.
+
+    ``worker`` is the ``worker`` of the engine's tasks (``<node>/<pid>``).
+    The engine's model thread calls these on every step: each only updates
+    numbers in memory under a lock (no I/O, never raises); the recorder's
+    thread sends them. Histograms add up per node and model; gauges are this
+    process's latest values, and the scrape adds up a node's processes.
+    """
+
+    def __init__(self, *, worker: str, model: str, max_batch: int) -> None:
+        self.worker, self.model, self.node = worker, model, node_name(worker)
+        self._lock = threading.Lock()
+        self._max_batch = max_batch
+        self._running = self._waiting = self._kv_in_use = self._kv_budget = 0
+        self._closed = False
+        # Tokens the decode steps generated since _window_start (monotonic), for the rate gauge.
+        self._window_tokens = 0
+        self._window_start = time.monotonic()
+        self._rate = 0.0
+        self._recorder: Recorder | None = None
+        self._register()
+
+    @_never_raises
+    def _register(self) -> None:
+        self._recorder = recorder()
+        self._recorder.engine_opened(self)
+
+    def _observe(self, *observations: tuple[HistogramSpec, float]) -> None:
+        if self._recorder is not None:
+            self._recorder.observe_each(self.node, self.model, observations)
+
+    @_never_raises
+    def step(self, *, rows: int, seconds: float) -> None:
+        """One batched decode step: ``rows`` in it (one token each), its wall time (model run and sampling)."""
+        with self._lock:
+            self._window_tokens += rows
+        self._observe((ENGINE_BATCH_ROWS, rows), (ENGINE_STEP_SECONDS, seconds))
+
+    @_never_raises
+    def prefill(self, *, tokens: int, seconds: float) -> None:
+        """One prefill call of a joining row (a whole prompt or a chunk of it)."""
+        self._observe((ENGINE_PREFILL_TOKENS, tokens), (ENGINE_PREFILL_SECONDS, seconds))
+
+    @_never_raises
+    def queue_wait(self, seconds: float) -> None:
+        """A row's wait from its submission to its first model call (batch full, or the KV cache budget)."""
+        self._observe((ENGINE_QUEUE_WAIT, seconds))
+
+    @_never_raises
+    def kv(self, *, in_use: int, budget: int) -> None:
+        """KV cache bytes the rows reserve now, and the budget."""
+        with self._lock:
+            if not self._closed:
+                self._kv_in_use, self._kv_budget = in_use, budget
+
+    @_never_raises
+    def rows(self, *, running: int, waiting: int) -> None:
+        """Rows in the batch now, and rows waiting to join it."""
+        with self._lock:
+            if not self._closed:
+                self._running, self._waiting = running, waiting
+
+    @_never_raises
+    def close(self) -> None:
+        """The engine stopped: its gauges read zero, and are no longer refreshed once sent."""
+        with self._lock:
+            self._closed = True
+            self._max_batch = self._running = self._waiting = self._kv_in_use = self._kv_budget = 0
+            self._window_tokens, self._rate = 0, 0.0
+        if self._recorder is not None:
+            self._recorder.flush_soon()
+
+    def gauge_fields(self) -> tuple[dict[str, float], bool]:
+        """The gauges' fields for this process's hash, and whether the engine was closed when they were read.
+
+        The recorder's flush calls it: it moves the rate's window.
+        """
+        model = self.model
+        with self._lock:
+            now = time.monotonic()
+            elapsed = now - self._window_start
+            # Over at least a flush interval: a report right after a task ends must not read a burst.
+            if elapsed >= FLUSH_INTERVAL_SECONDS:
+                self._rate = self._window_tokens / elapsed
+                self._window_tokens, self._window_start = 0, now
+            values = (
+                (ENGINE_MAX_BATCH, self._max_batch),
+                (ENGINE_ROWS_RUNNING, self._running),
+                (ENGINE_ROWS_WAITING, self._waiting),
+                (ENGINE_KV_BYTES, self._kv_in_use),
+                (ENGINE_KV_BUDGET, self._kv_budget),
+                (ENGINE_TOKENS_RATE, self._rate),
+            )
+            closed = self._closed
+        return {series_name(spec, model): float(value) for spec, value in values}, closed

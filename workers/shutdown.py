@@ -12,27 +12,39 @@ resumes at the next start``) and drops the three records that line replaces.
 A pool process lost while the node is not stopping (the OOM killer, a crash)
 is still logged in full.
 
-Imported by the Celery app (``imports`` in ``lmsp_project/celery.py``); it
-imports ``workers.tasks`` first, so that its receiver runs after the one that
-recovers.
+With the threads pool (the batched worker) no process is lost: SIGTERM
+starts Celery's warm shutdown, which waits for the running task threads.
+The receiver of ``worker_shutting_down`` tells the process's engines to drain
+(``workers.engine.engines_drain``): rows may go on for
+``LMSP_DRAIN_SECONDS``, then stop; each task thread commits its last batch,
+hands its task back by its policy (``held_task_release``) and says so through
+:func:`task_handed_back_log`, in the same line as above. A cold shutdown
+(SIGQUIT, a second Ctrl-C) cuts the drain short.
+
+Imported by the Celery app (``imports`` in ``lmsp_project/celery.py``) and by
+``workers.execution``, so it imports neither ``workers.tasks`` nor the
+execution: its ``task_failure`` receiver may be connected before the one in
+``workers.tasks`` that recovers, and so applies the recovery itself before
+it reads what became of the task (the second call finds nothing to move).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from celery import Task as CeleryTask
-from celery.exceptions import WorkerLostError
-from celery.signals import task_failure
+from celery.exceptions import Reject, WorkerLostError
+from celery.signals import task_failure, worker_shutting_down
 from celery.worker import state as worker_state
+from django.conf import settings
 from django.db import DatabaseError
 
-# Its receiver applies the policy; imported first, it is connected (and runs) before the one below.
-import workers.tasks  # noqa: F401
 from tasks_app import states
 from tasks_app.broker import RUN_TASK
 from tasks_app.selectors import task_outcome_get
+from tasks_app.services.recovery import BUSY, RecoverySummary, lost_task_recover
 from tasks_app.states import TaskStatus
 
 logger = logging.getLogger(__name__)
@@ -59,12 +71,15 @@ class ShutdownNoiseFilter(logging.Filter):
             return not any(isinstance(arg, WorkerLostError) for arg in args)
         if record.name == "multiprocessing":
             return record.msg != _POOL_EXIT_TEMPLATE
+        if record.name == "celery.app.trace":
+            # A message a stopping worker gave back (workers.tasks): said in one line there, not with a traceback.
+            return not (record.exc_info and isinstance(record.exc_info[1], Reject))
         # The recovery module's "recovered task" line: said again, plainly, below.
         return record.levelno > logging.INFO
 
 
 _noise = ShutdownNoiseFilter()
-for _name in ("celery.worker.request", "multiprocessing", "tasks_app.services.recovery"):
+for _name in ("celery.worker.request", "celery.app.trace", "multiprocessing", "tasks_app.services.recovery"):
     logging.getLogger(_name).addFilter(_noise)
 
 
@@ -91,7 +106,7 @@ def interrupted_task_outcome(row: dict[str, Any] | None) -> str:
 def _interrupted_by_shutdown(
     sender: CeleryTask | None = None, exception: BaseException | None = None, **kwargs: object
 ) -> None:
-    """Runs in the worker's main process, after ``workers.tasks`` applied the task's policy."""
+    """Runs in the worker's main process when the shutdown killed the pool process running a task."""
     if sender is None or sender.name != RUN_TASK or not isinstance(exception, WorkerLostError):
         return
     if not node_stopping():
@@ -101,9 +116,57 @@ def _interrupted_by_shutdown(
         return
     task_id = str(args[0])
     try:
+        # Whichever receiver runs first moves the task; the other finds it moved.
+        lost_task_recover(task_id=task_id, node=sender.request.hostname or "worker")
+    except DatabaseError:
+        pass  # the line below says that the database did not answer
+    _log_interrupted(task_id, interrupted_task_outcome)
+
+
+def task_handed_back_log(*, task_id: str, summary: RecoverySummary) -> None:
+    """The line for a task a shutdown stopped and its thread handed back (``held_task_release``'s summary)."""
+
+    def outcome(row: dict[str, Any] | None) -> str:
+        # Not moved, not for a lock, yet still held: another worker took it over meanwhile.
+        taken = row is not None and row["status"] in states.HELD and row["worker"] != ""
+        if taken and not summary.moved and not summary.counts[BUSY]:
+            return f"on_restart={row['on_restart']}: {row['worker']} holds it now"
+        return interrupted_task_outcome(row)
+
+    _log_interrupted(task_id, outcome)
+
+
+def _log_interrupted(task_id: str, outcome: Callable[[dict[str, Any] | None], str]) -> None:
+    try:
         row = task_outcome_get(task_id=task_id)
     except DatabaseError:
-        outcome = "lmsp_recover applies its on_restart policy at the next start (the database did not answer)"
+        said = "lmsp_recover applies its on_restart policy at the next start (the database did not answer)"
     else:
-        outcome = interrupted_task_outcome(row)
-    logger.warning("task %s interrupted by shutdown; %s", task_id, outcome)
+        said = outcome(row)
+    logger.warning("task %s interrupted by shutdown; %s", task_id, said)
+
+
+_drain_asked: float | None = None
+
+
+@worker_shutting_down.connect
+def _drain_engines(sender: object = None, how: str = "Warm", **kwargs: object) -> None:
+    """Runs in the worker's main process, inside its signal handler: must return at once.
+
+    A warm shutdown (SIGTERM, the first Ctrl-C) lets rows run for
+    ``LMSP_DRAIN_SECONDS``; a cold one (SIGQUIT, a second Ctrl-C) stops them
+    now. honcho's group Ctrl-C delivers SIGINT and then SIGTERM: only a
+    shorter grace than the one already asked is passed on. A prefork parent
+    has no engine (its pool processes do, and die with the group's signal),
+    and before ``workers.engine`` exists there is nothing to drain.
+    """
+    global _drain_asked
+    grace = 0.0 if how == "Cold" else float(settings.LMSP_DRAIN_SECONDS)
+    if _drain_asked is not None and grace >= _drain_asked:
+        return
+    try:
+        from workers.engine import engines_drain
+    except ImportError:
+        return
+    _drain_asked = grace
+    engines_drain(grace_seconds=grace)

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import asdict
 
 from celery import Task, shared_task
-from celery.exceptions import WorkerLostError
+from celery.exceptions import Reject, WorkerLostError
 from celery.signals import task_failure
 
 from tasks_app.broker import CLEANUP_TASK, REAP_TASK, RUN_TASK, SWEEP_TASK
@@ -14,10 +15,19 @@ from tasks_app.services.dispatch import queued_tasks_sweep
 from tasks_app.services.recovery import abandoned_tasks_reap, lost_task_recover
 from tasks_app.services.retention import retention_cleanup
 from workers.execution import task_execute
+from workers.shutdown import node_stopping
+
+logger = logging.getLogger(__name__)
 
 
 @shared_task(name=RUN_TASK, bind=True, ignore_result=True)
 def run_task(self: Task, task_id: str) -> str:
+    if node_stopping():
+        # A stopping threads-pool worker may still be handed a message (its
+        # own hand-backs dispatch the tasks that run again): it goes back to
+        # the queue for another worker or the next start, not claimed here.
+        logger.info("left task %s to another worker: this one is stopping", task_id)
+        raise Reject("this worker is stopping", requeue=True)
     worker = f"{self.request.hostname or 'worker'}/{os.getpid()}"
     return task_execute(task_id=task_id, worker=worker)
 

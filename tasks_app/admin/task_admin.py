@@ -7,17 +7,18 @@ from typing import Any
 
 from django.contrib import admin, messages
 from django.contrib.admin.utils import unquote
+from django.contrib.admin.views.main import ChangeList
 from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import path, reverse
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
 from django.utils.http import urlencode
 
 from tasks_app import selectors, states
 from tasks_app.admin.access import ReadOnlyAdmin, post_only
 from tasks_app.admin.bounded_counts import BoundedCountAdmin
-from tasks_app.admin.display import admin_link, json_column, task_events_changelist_url
+from tasks_app.admin.display import admin_link, json_column, task_events_changelist_url, task_link
 from tasks_app.admin.filters import ModelNameFilter
 from tasks_app.admin.record_admins import RESPONSE_BODY_FIELDS
 from tasks_app.exceptions import TaskNotCancelable
@@ -52,6 +53,29 @@ class TaskStatusFilter(admin.SimpleListFilter):
         return queryset.filter(status_in([value]))
 
 
+class TaskBatchFilter(admin.SimpleListFilter):
+    """``?batch=<task id>``: that task and the tasks sharing its batch (its list cell links here).
+
+    No choice list of its own: the batches change with every step of the workers.
+    """
+
+    title = "batch"
+    parameter_name = "batch"
+
+    def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin) -> list[tuple[str, str]]:
+        value = self.value()
+        return [(value, f"with {value}")] if value else []
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
+        value = self.value()
+        if not value:
+            return queryset
+        task = Task.objects.select_related("response").only("id", "status", "worker", "response__model")
+        task = task.filter(pk=value).first()
+        peers = selectors.task_batch_peers(task=task) if task is not None else []
+        return queryset.filter(pk__in=[value, *(peer.pk for peer in peers)])
+
+
 @admin.register(Task)
 class TaskAdmin(BoundedCountAdmin, ReadOnlyAdmin):
     list_display = (
@@ -59,13 +83,14 @@ class TaskAdmin(BoundedCountAdmin, ReadOnlyAdmin):
         "client",
         "model_column",
         "status",
+        "batch_column",
         "on_restart",
         "attempts",
         "output_tokens",
         "created_at",
         "updated_at",
     )
-    list_filter = (TaskStatusFilter, TaskModelFilter, "on_restart", "client")
+    list_filter = (TaskStatusFilter, TaskModelFilter, "on_restart", "client", TaskBatchFilter)
     # ``id__exact`` rather than ``=id``: the admin turns ``=`` into ``iexact``
     # (UPPER()/LIKE), which no index serves; both columns here are unique.
     search_fields = ("id__exact", "response__id__exact")
@@ -95,7 +120,7 @@ class TaskAdmin(BoundedCountAdmin, ReadOnlyAdmin):
                 )
             },
         ),
-        ("Worker", {"fields": ("worker", "heartbeat_at", "cancel_requested_at")}),
+        ("Worker", {"fields": ("worker", "batch_peers", "heartbeat_at", "cancel_requested_at")}),
         ("Request", {"fields": ("request_json",)}),
         ("Error", {"fields": ("error_json",)}),
         ("Snapshot", {"fields": ("snapshot_summary",)}),
@@ -112,6 +137,33 @@ class TaskAdmin(BoundedCountAdmin, ReadOnlyAdmin):
     @admin.display(description="model", ordering="response__model")
     def model_column(self, task: Task) -> str:
         return task.response.model
+
+    @admin.display(description="shares a batch with")
+    def batch_peers(self, task: Task) -> str:
+        if task.status not in states.HELD or not task.worker:
+            return "-"
+        peers = selectors.task_batch_peers(task=task)
+        if not peers:
+            return "no other task: it runs alone in its worker process's engine"
+        return format_html_join(", ", "{} ({})", ((task_link(peer.pk), peer.status) for peer in peers))
+
+    def get_changelist_instance(self, request: HttpRequest) -> ChangeList:
+        changelist = super().get_changelist_instance(request)
+        # The page is read here rather than by the template (which reuses the
+        # rows), so that one query finds the batches of all its held tasks.
+        page = list(changelist.result_list)
+        peers_of = selectors.task_batch_peer_ids(tasks=page)
+        for task in page:
+            task.batch_peer_ids = peers_of.get(task.pk)
+        return changelist
+
+    @admin.display(description="batch")
+    def batch_column(self, task: Task) -> str:
+        peers = getattr(task, "batch_peer_ids", None)
+        if peers is None:
+            return "-"
+        url = "?" + urlencode({TaskBatchFilter.parameter_name: task.pk})
+        return format_html('<a href="{}">{}</a>', url, f"with {len(peers)}" if peers else "alone")
 
     @admin.display(description="response")
     def response_link(self, task: Task) -> str:

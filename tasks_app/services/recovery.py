@@ -25,6 +25,10 @@ Which tasks are leftovers differs:
   workers exist, queued tasks wait for them rather than being failed.
 - When Celery reports that the pool process running a task died, that one
   task is recovered at once (``lost_task_recover``).
+- When a worker process stops running a task it still holds (a SIGTERM
+  drain that ran out of time: the threads pool loses no process, so nobody
+  else would notice before the reaper), it hands the task back itself
+  (``held_task_release``).
 - The reaper takes only held tasks (``loading``, ``running``,
   ``cancelling``) whose heartbeat is older than
   ``LMSP_HEARTBEAT_TIMEOUT_SECONDS``: a live worker writes one at least every
@@ -79,6 +83,10 @@ _MOVED_LABEL = {S.FAILED: FAILED, S.CANCELLED: CANCELLED, S.QUEUED: REQUEUED, S.
 
 # A startup page the write lock was not granted for is tried again this often (SQLite: a frozen writer).
 STARTUP_PAGE_TRIES = 10
+# A hand-back reads and moves its task at most this often (its own heartbeat
+# may move in between), and waits for the lock this often: a stopping worker
+# has its stop grace period to spend, not the whole of startup's patience.
+RELEASE_TRIES = 3
 
 
 @dataclass
@@ -300,6 +308,32 @@ def lost_task_recover(*, task_id: str, node: str) -> RecoverySummary:
     _recover_page([row], reason=lambda row: f"its worker process {row['worker']} died", summary=summary)
     _dispatch(summary, budget_seconds=settings.LMSP_RECOVER_DISPATCH_SECONDS)
     _log(summary, f"recovery (its worker process {row['worker']} died)")
+    return summary
+
+
+def held_task_release(*, task_id: str, worker: str, reason: str) -> RecoverySummary:
+    """Worker process ``worker`` (``<node>/<pid>``) stops running ``task_id`` unfinished: apply the table now.
+
+    The moves are those of every recovery (``resume``: running without a
+    worker, ``retry``: queued, ``fail``: failed with ``server_restarted``;
+    attempts counted the same way), and only while the task still names
+    exactly ``worker``: a task another worker took over, or one that ended,
+    is left alone. ``reason`` completes "The task was running when …" in a
+    failed task's error.
+    """
+    summary = RecoverySummary()
+    for _ in range(RELEASE_TRIES):
+        row = Task.objects.filter(pk=task_id, status__in=states.HELD, worker=worker).values(*_FIELDS).first()
+        if row is None:
+            break
+        summary = RecoverySummary()
+        granted = _recover_page([row], reason=lambda row: reason, summary=summary, tries=RELEASE_TRIES)
+        # A lost race may be the caller's own heartbeat, written between the
+        # read and the move: read again; a task someone else took is not read.
+        if not granted or not summary.counts[LOST_RACE]:
+            break
+    _dispatch(summary, budget_seconds=settings.LMSP_RECOVER_DISPATCH_SECONDS)
+    _log(summary, f"hand-back ({reason})")
     return summary
 
 

@@ -46,12 +46,19 @@ def celery_worker(
     name: str = "test",
     concurrency: int = 1,
     maintenance: bool | None = None,
+    pool: str = "prefork",
 ) -> Iterator[WorkerProcess]:
-    """``celery worker`` (prefork, ``concurrency`` children) on ``queue``, started as the README starts it.
+    """``celery worker`` on ``queue``, started as the README starts it.
 
-    With ``beat`` it also runs beat and, unless ``maintenance`` is False,
-    consumes the maintenance queue (sweeper, reaper, cleanup) beside ``queue``.
+    ``pool`` "prefork" (the default, so that a crash test's SIGKILL of the
+    child keeps its meaning): ``concurrency`` child processes; "threads" (the
+    Procfile's batched worker): one process whose ``concurrency`` task threads
+    share its engine. With ``beat`` it also runs beat and, unless
+    ``maintenance`` is False, consumes the maintenance queue (sweeper, reaper,
+    cleanup) beside ``queue``.
     """
+    if pool not in {"prefork", "threads"}:
+        raise ValueError(f"pool must be prefork or threads, got {pool!r}")
     queues = [queue]
     if maintenance or (maintenance is None and beat):
         queues.append(maintenance_queue(queue))
@@ -63,7 +70,7 @@ def celery_worker(
         "lmsp_project",
         "worker",
         "--pool",
-        "prefork",
+        pool,
         "--concurrency",
         str(concurrency),
         "--queues",

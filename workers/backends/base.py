@@ -78,11 +78,107 @@ class Step:
     text: str
 
 
+@dataclass(frozen=True)
+class Chunk:
+    """What a row produced since its last chunk, handed from the model thread to the task thread.
+
+    ``state`` is the generation's :meth:`Generation.snapshot_state` right
+    after the last of ``steps``; with ``output_tokens`` (the ids generated so
+    far, append-only) it is the snapshot the task commits with these steps.
+    """
+
+    steps: tuple[Step, ...] = ()
+    tokens: int = 0
+    """Steps that sampled a token."""
+    output_tokens: int = 0
+    state: Mapping[str, Any] | None = None
+    final: bool = False
+    """The row left the engine: ended (see the generation's ``finish_reason``), failed or interrupted."""
+    interrupted: bool = False
+    """The worker is shutting down: the row stopped where it was, its task is to be handed back."""
+    error: Exception | None = None
+    first_at: float = 0.0
+    """When the first of ``steps`` with a token was made (``time.monotonic``); 0 without one."""
+    last_at: float = 0.0
+    """When the last of them was made."""
+
+    @classmethod
+    def failed(cls, error: Exception) -> Chunk:
+        return cls(final=True, error=error)
+
+    @classmethod
+    def ending(cls, *, output_tokens: int, interrupted: bool) -> Chunk:
+        return cls(output_tokens=output_tokens, final=True, interrupted=interrupted)
+
+    def then(self, later: Chunk) -> Chunk:
+        """This chunk and the one after it, as one."""
+        return Chunk(
+            steps=self.steps + later.steps,
+            tokens=self.tokens + later.tokens,
+            output_tokens=max(self.output_tokens, later.output_tokens),
+            state=later.state if later.state is not None else self.state,
+            final=later.final,
+            interrupted=later.interrupted,
+            error=self.error or later.error,
+            first_at=self.first_at or later.first_at,
+            last_at=later.last_at or self.last_at,
+        )
+
+
+class RowStream(Protocol):
+    """A generation running in an engine: iterate for its :class:`Chunk` s (an error chunk raises)."""
+
+    def __iter__(self) -> Iterator[Chunk]: ...
+
+    def stop(self) -> None:
+        """End the row before its next model call; its last chunk still comes."""
+        ...
+
+
+class Engine(Protocol):
+    """Runs many generations of one loaded model together (one per worker process and model)."""
+
+    def submit(self, generation: Generation) -> RowStream: ...
+
+    def drain(self, *, grace_seconds: float) -> None:
+        """Take no new rows; rows still running after ``grace_seconds`` end interrupted."""
+        ...
+
+
+class EngineObserver:
+    """What an engine reports as it runs; every method is cheap, in memory, and never raises.
+
+    This one ignores everything (an engine without metrics); ``workers.run_metrics.EngineMetrics``
+    has the same methods and reports them.
+    """
+
+    def step(self, *, rows: int, seconds: float) -> None:
+        """One decode step of ``rows`` rows took ``seconds`` (session run and sampling)."""
+
+    def prefill(self, *, tokens: int, seconds: float) -> None:
+        """One prefill call of a joining row."""
+
+    def queue_wait(self, seconds: float) -> None:
+        """A row waited this long from its submission to its admission."""
+
+    def kv(self, *, in_use: int, budget: int) -> None:
+        """KV cache bytes the admitted rows can reach, and the budget."""
+
+    def rows(self, *, running: int, waiting: int) -> None:
+        """Rows admitted now, and rows waiting for room."""
+
+    def close(self) -> None:
+        """The engine stopped."""
+
+
 class Generation(Protocol):
     """A running generation: iterate it for steps, then read how it ended."""
 
     seed: int
     """The seed the sampler uses (the request's, or a recorded random one)."""
+    prompt_ids: list[int]
+    generated_ids: list[int]
+    """Sampled so far; only ever appended to (a reader on another thread slices it safely)."""
     prompt_tokens: int
     output_tokens: int
     """Tokens sampled so far (an end-of-sequence token counts)."""
@@ -128,6 +224,22 @@ class LoadedModel(Protocol):
         as the interrupted generation would have."""
         ...
 
+    def engine(
+        self,
+        *,
+        max_batch: int,
+        kv_budget_bytes: int,
+        kv_share: float = 0.5,
+        delta_tokens: int,
+        delta_seconds: float,
+        observer: Callable[[], EngineObserver] | None = None,
+    ) -> Engine:
+        """This model's engine (created on first use with these settings; one per process).
+
+        ``kv_budget_bytes`` 0 means ``kv_share`` of the device's free memory (of the host's, on CPU);
+        ``observer`` makes the engine's observer, once."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -144,6 +256,7 @@ class Backend(Protocol):
         prefill_chunk: int | None = None,
         intra_op_threads: int | None = None,
         spinning: bool | None = None,
+        gpu_mem_limit: int | None = None,
     ) -> LoadedModel:
         """Load a model folder: ``graph`` is the decoder graph's path inside it, the side
         files (configs, tokenizer) lie in ``folder`` itself. Raises

@@ -19,6 +19,7 @@ plus the generated ids, which a resumed generation passes back in.
 from __future__ import annotations
 
 import secrets
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -204,7 +205,8 @@ class Sampler:
         """The row as float32 (transformers casts the logits so) with the repetition penalty applied.
 
         In float32 like ``RepetitionPenaltyLogitsProcessor``, so a greedy pick
-        between two nearly equal scores goes the same way.
+        between two nearly equal scores goes the same way. A penalised row
+        lives in this thread's scratch: valid until the thread's next draw.
         """
         row = np.asarray(logits, dtype=np.float32).reshape(-1)
         if not self._penalised:
@@ -217,10 +219,11 @@ class Sampler:
             return row
         if len(self._seen) > len(row) and self._seen[len(row) :].any():
             raise GenerationError(f"the model's logits row has {len(row)} entries, fewer than its token ids")
-        row = row.copy()  # never write into the caller's (the session's) buffer
-        scores = row[ids]
-        row[ids] = np.where(scores < 0, scores * self._penalty, scores / self._penalty)
-        return row
+        penalised = _scratch(len(row)).penalised  # never write into the caller's (the session's) buffer
+        np.copyto(penalised, row)
+        scores = penalised[ids]
+        penalised[ids] = np.where(scores < 0, scores * self._penalty, scores / self._penalty)
+        return penalised
 
     def _remember(self, token: int) -> None:
         if not self._penalised:
@@ -232,56 +235,88 @@ class Sampler:
             self._new_ids.append(token)
 
     def _draw(self, row: np.ndarray) -> int:
+        """One id from the kept ids by one uniform draw over their running sum.
+
+        The float64 arithmetic of the plain formulas (scale, subtract the
+        peak, exp, divide by the total over the whole row), operation for
+        operation, so the running sum, and with it the token a given random
+        number picks, is the same to the bit. Only work that cannot change a
+        bit is saved: fresh arrays of the vocabulary's size (their page
+        faults cost more than the arithmetic), the top_k partition in
+        float64, and dividing ids that no cut keeps.
+        """
         settings = self.settings
-        scores = row.astype(np.float64) / settings.temperature
-        size = len(scores)
+        size = len(row)
+        scratch = _scratch(size)
+        scores = scratch.scores
+        if settings.temperature == 1.0:
+            scores[...] = row  # x / 1.0 is x
+        else:
+            np.divide(row, settings.temperature, out=scores, dtype=np.float64)
         top_k = None
         if 0 < settings.top_k < size:
             # TopKLogitsWarper removes only scores below the k-th largest: ties with it stay.
-            threshold = np.partition(scores, size - settings.top_k)[size - settings.top_k]
+            # Widening to float64 and dividing by a positive temperature never reverses two
+            # scores, so the k-th largest scaled score is the float32 row's k-th largest,
+            # scaled: the partition runs on half the bytes.
+            kth = size - settings.top_k
+            np.copyto(scratch.partitioned, row)
+            scratch.partitioned.partition(kth)
+            threshold = np.float64(scratch.partitioned[kth])
+            if settings.temperature != 1.0:
+                threshold = threshold / settings.temperature
             top_k = np.flatnonzero(scores >= threshold)
         # max() is NaN if any score is; +inf or all -inf are not a distribution either.
         peak = scores.max()
         if not np.isfinite(peak):
             raise GenerationError("the model produced logits that are not finite numbers")
         scores -= peak
-        probs = np.exp(scores)
-        total = probs.sum()
+        np.exp(scores, out=scores)
+        total = scores.sum()
         if not np.isfinite(total) or total <= 0:
             raise GenerationError("the model produced logits that are not finite numbers")
-        probs /= total
-        order, cumulative = self._kept(probs, top_k)
+        if top_k is None:
+            scores /= total
+            total = 1.0
+        order, cumulative = self._kept(scores, top_k, total)
         draw = self.rng.random() * cumulative[-1]
         index = min(int(np.searchsorted(cumulative, draw, side="right")), len(order) - 1)
         return int(order[index])
 
-    def _kept(self, probs: np.ndarray, top_k: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    def _kept(self, probs: np.ndarray, top_k: np.ndarray | None, total: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
         """The ids left after top_k, top_p and min_p, in draw order, and their running sum.
 
-        With a cut that needs an order, ids come by falling probability (ties
-        by id); with only min_p (or nothing) to apply, in id order: no sort.
+        ``probs`` divided by ``total`` are the probabilities; a total other
+        than 1.0 only with ``top_k``, whose ids alone are divided. With a cut
+        that needs an order, ids come by falling probability (ties by id);
+        with only min_p (or nothing) to apply, in id order: no sort.
         """
         top_p, min_p = self.settings.top_p, self.settings.min_p
         if top_k is not None:
-            order = top_k[np.argsort(-probs[top_k], kind="stable")]
-            cumulative = np.cumsum(probs[order])
+            # Divided before the sort: two ids whose quotients round to one value tie, as in the full row.
+            selected = probs[top_k] / total
+            by_rank = np.argsort(-selected, kind="stable")
+            order, ranked = top_k[by_rank], selected[by_rank]
+            cumulative = np.cumsum(ranked)
             # TopPLogitsWarper renormalises over what top_k left.
             target = top_p * cumulative[-1]
         elif top_p < 1.0:
             order, cumulative = self._nucleus(probs)
+            ranked = probs[order]
             target = top_p
         elif min_p > 0.0:
             order = np.flatnonzero(probs >= min_p * probs.max())
             return order, np.cumsum(probs[order])
         else:
-            return np.arange(len(probs)), np.cumsum(probs)
+            scratch = _scratch(len(probs))
+            return scratch.ids, np.cumsum(probs, out=scratch.spare)
         if top_p < 1.0:
             # The smallest prefix whose mass reaches top_p; at least one token.
             keep = min(int(np.searchsorted(cumulative, target, side="left")) + 1, len(order))
-            order, cumulative = order[:keep], cumulative[:keep]
+            order, cumulative, ranked = order[:keep], cumulative[:keep], ranked[:keep]
         if min_p > 0.0:
             # A prefix too: the order falls, and its first id is the most likely one.
-            keep = int(np.count_nonzero(probs[order] >= min_p * probs[order[0]]))
+            keep = int(np.count_nonzero(ranked >= min_p * ranked[0]))
             order, cumulative = order[:keep], cumulative[:keep]
         return order, cumulative
 
@@ -294,13 +329,16 @@ class Sampler:
         full stable sort) and grow k until their mass reaches top_p.
         """
         size = len(probs)
+        # Partitioning only permutes the copy, so one copy serves every k.
+        partitioned = _scratch(size).spare
+        np.copyto(partitioned, probs)
         k = min(64, size)
         while True:
             if k >= size // 2:  # most of the vocabulary: one full sort is cheaper
                 order = np.argsort(-probs, kind="stable")
                 return order, np.cumsum(probs[order])
-            threshold = np.partition(probs, size - k)[size - k]
-            candidates = np.flatnonzero(probs >= threshold)
+            partitioned.partition(size - k)
+            candidates = np.flatnonzero(probs >= partitioned[size - k])
             order = candidates[np.argsort(-probs[candidates], kind="stable")]
             cumulative = np.cumsum(probs[order])
             if cumulative[-1] >= self.settings.top_p:
@@ -333,3 +371,37 @@ class Sampler:
 
 def _as_int(value: int | str) -> int:
     return value if isinstance(value, int) else int(value, 0)
+
+
+class _Scratch:
+    """One thread's work arrays for rows of one size.
+
+    A fresh array of the vocabulary's size per step costs its page faults
+    (at 151,936 ids, more than the float64 arithmetic on it); one set per
+    thread serves every sampler the thread runs, one row at a time.
+    """
+
+    def __init__(self, size: int) -> None:
+        self.scores = np.empty(size, dtype=np.float64)
+        self.spare = np.empty(size, dtype=np.float64)
+        self.partitioned = np.empty(size, dtype=np.float32)
+        self.penalised = np.empty(size, dtype=np.float32)
+        self.ids = np.arange(size)
+        self.ids.flags.writeable = False
+
+
+_SCRATCH_SIZES = 4
+_scratch_by_thread = threading.local()
+
+
+def _scratch(size: int) -> _Scratch:
+    """This thread's work arrays for rows of ``size`` ids (a worker's models have a few sizes)."""
+    sets: dict[int, _Scratch] | None = getattr(_scratch_by_thread, "sets", None)
+    if sets is None:
+        sets = _scratch_by_thread.sets = {}
+    scratch = sets.get(size)
+    if scratch is None:
+        if len(sets) >= _SCRATCH_SIZES:
+            sets.clear()
+        scratch = sets[size] = _Scratch(size)
+    return scratch

@@ -74,6 +74,7 @@ class OnnxRuntimeBackend:
         prefill_chunk: int | None = None,
         intra_op_threads: int | None = None,
         spinning: bool | None = None,
+        gpu_mem_limit: int | None = None,
     ) -> OnnxModel:
         """Load a model folder onto ``device`` ("auto", "cpu" or "cuda").
 
@@ -83,6 +84,7 @@ class OnnxRuntimeBackend:
         file name). Raises ``ModelLoadError`` with a one-line message for anything that
         keeps the model from running: missing or corrupt files, a graph this
         loop cannot drive, or CUDA asked for but not really given.
+        ``gpu_mem_limit`` caps each CUDA session's arena (bytes; None or 0: no cap).
         """
         return OnnxModel(
             Path(folder),
@@ -92,6 +94,7 @@ class OnnxRuntimeBackend:
             prefill_chunk=prefill_chunk or self.prefill_chunk,
             intra_op_threads=intra_op_threads if intra_op_threads is not None else self.intra_op_threads,
             spinning=spinning if spinning is not None else self.spinning,
+            gpu_mem_limit=gpu_mem_limit,
         )
 
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from workers.backends.base import (
     FINISH_CANCELLED,
     FINISH_EOS,
@@ -27,7 +29,6 @@ from workers.backends.onnx.error_text import one_line
 from workers.backends.sampling import Sampler
 
 if TYPE_CHECKING:
-    from workers.backends.onnx.kv_decoder import KVDecoder
     from workers.backends.onnx.model import OnnxModel
 
 SNAPSHOT_VERSION = 1
@@ -151,6 +152,15 @@ class OnnxGeneration:
         """:meth:`snapshot` in parts that do not grow with the output: the ids
         generated after the first ``tokens``, and the rest without ``text``
         (and without ``prompt_ids`` unless ``with_prompt``)."""
+        return self.generated_ids[tokens:], self.snapshot_state(with_prompt=with_prompt)
+
+    def snapshot_state(self, *, with_prompt: bool = False) -> dict[str, Any]:
+        """The small part of the snapshot (no ids, no text) as it is right now.
+
+        The batch engine takes it on its model thread after the step a chunk
+        ends on; the generated ids are append-only, so a task thread reading
+        them later up to that chunk's count sees the same state.
+        """
         state: dict[str, Any] = {
             "version": SNAPSHOT_VERSION,
             "seed": self.seed,
@@ -162,7 +172,7 @@ class OnnxGeneration:
         }
         if with_prompt:
             state["prompt_ids"] = list(self.prompt_ids)
-        return self.generated_ids[tokens:], state
+        return state
 
     def _release(self, text: str) -> str:
         if text:
@@ -176,54 +186,76 @@ class OnnxGeneration:
             text += self._stop_filter.flush()
         return self._release(text)
 
-    def _run(self) -> Iterator[Step]:
-        decoder = self.model.decoder()
+    # -- the steps, as the iterator here and the batch engine drive them ----
+
+    def begin(self) -> list[Step]:
+        """The steps that need no model call; ``finish_reason`` is set if nothing is left to compute."""
+        if self.finish_reason is not None:
+            return []
         if self.generated_ids and self.generated_ids[-1] in self.model.eos_token_ids:
             # A snapshot taken right on the end-of-sequence step: only the flush is left.
-            yield from self._finish(FINISH_EOS, self.generated_ids[:-1])
-            return
-        pending = self._catch_up(decoder) if len(self.generated_ids) < self.max_output_tokens else []
-        while True:
-            if len(self.generated_ids) >= self.max_output_tokens:
-                yield from self._finish(FINISH_LENGTH, self.generated_ids)
-                return
-            if self._should_stop():
-                self.finish_reason = FINISH_CANCELLED
-                return
-            token = self.sampler.sample(decoder.feed(pending))
-            self.generated_ids.append(token)
-            if token in self.model.eos_token_ids:
-                yield Step(token, "")
-                yield from self._finish(FINISH_EOS, self.generated_ids[:-1])
-                return
-            text = self._release(self._stop_filter.push(self._detokenizer.step(self.generated_ids)))
-            if self._stop_filter.stopped:
-                # Set before the step: a snapshot taken after it must not resume past the stop.
-                self.finish_reason = FINISH_STOP
-                yield Step(token, text)
-                return
-            yield Step(token, text)
-            pending = [token]
+            return self._finish(FINISH_EOS, self.generated_ids[:-1])
+        if len(self.generated_ids) >= self.max_output_tokens:
+            return self._finish(FINISH_LENGTH, self.generated_ids)
+        return []
 
-    def _catch_up(self, decoder: KVDecoder) -> list[int]:
-        """Bring a resumed generation's cache up to its last token; the ids to feed before the next sample.
+    def feeds(self) -> list[list[int]]:
+        """What to feed the model before the first sample, one ``KVDecoder.feed`` each; the last is sampled.
 
-        Prompt and generated ids go in as one prefill, unless the graph
-        quantizes activations per call or computes in float16
+        A fresh generation feeds its prompt. A resumed one brings its cache up
+        to its last token: prompt and generated ids as one feed, unless the
+        graph quantizes activations per call or computes in float16
         (``OnnxModel.replays_steps``): then the prompt goes in as it did first
         and each generated id alone, as it did when it was sampled, so the
         cache, and with it the next token, is the one the interrupted
         generation had.
         """
         if not self.generated_ids or not self.model.replays_steps:
-            return self.prompt_ids + self.generated_ids
-        decoder.feed(self.prompt_ids)
-        for token in self.generated_ids[:-1]:
-            decoder.feed([token])
-        return self.generated_ids[-1:]
+            return [self.prompt_ids + self.generated_ids]
+        return [self.prompt_ids, *([token] for token in self.generated_ids)]
 
-    def _finish(self, reason: str, text_ids: Sequence[int]) -> Iterator[Step]:
+    def stop_requested(self) -> bool:
+        """Asked before every model call: True (and ``finish_reason`` cancelled) if ``should_stop`` says so."""
+        if self._should_stop():
+            self.finish_reason = FINISH_CANCELLED
+            return True
+        return False
+
+    def accept(self, logits: np.ndarray) -> list[Step]:
+        """Sample the next token from ``logits`` (the row after the last id fed); the steps it makes.
+
+        Sets ``finish_reason`` when this token ends the generation; the next
+        id to feed is otherwise ``generated_ids[-1]``.
+        """
+        token = self.sampler.sample(logits)
+        self.generated_ids.append(token)
+        if token in self.model.eos_token_ids:
+            return [Step(token, ""), *self._finish(FINISH_EOS, self.generated_ids[:-1])]
+        text = self._release(self._stop_filter.push(self._detokenizer.step(self.generated_ids)))
+        if self._stop_filter.stopped:
+            # Set with the step: a snapshot taken after it must not resume past the stop.
+            self.finish_reason = FINISH_STOP
+            return [Step(token, text)]
+        steps = [Step(token, text)]
+        if len(self.generated_ids) >= self.max_output_tokens:
+            steps += self._finish(FINISH_LENGTH, self.generated_ids)
+        return steps
+
+    def _run(self) -> Iterator[Step]:
+        yield from self.begin()
+        if self.finish_reason is not None:
+            return
+        decoder = self.model.decoder()
+        *catch_up, pending = self.feeds()
+        for ids in catch_up:
+            decoder.feed(ids)
+        while not self.stop_requested():
+            yield from self.accept(decoder.feed(pending))
+            if self.finish_reason is not None:
+                return
+            pending = self.generated_ids[-1:]
+
+    def _finish(self, reason: str, text_ids: Sequence[int]) -> list[Step]:
         text = self._flush(text_ids)
-        if text:
-            yield Step(None, text)
         self.finish_reason = FINISH_STOP if self._stop_filter.stopped else reason
+        return [Step(None, text)] if text else []

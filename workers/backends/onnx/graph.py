@@ -27,6 +27,7 @@ _LOGITS_TYPES = ("tensor(float)", "tensor(float16)")
 # DynamicQuantizeLinear / DynamicQuantizeMatMul / DynamicQuantizeLSTM
 # (onnxruntime.quantization.quantize_dynamic): one scale over all of a call's tokens.
 _PER_CALL_SCALE_OPS = b"DynamicQuantize"
+_GROUP_QUERY_ATTENTION = b"GroupQueryAttention"
 # Optimum's merged decoder (decoder_model_merged.onnx): an If node picks the
 # no-past or the with-past subgraph on this flag.
 USE_CACHE_BRANCH = "use_cache_branch"
@@ -216,6 +217,28 @@ def _kv_shape(first: ort.NodeArg, hints: ShapeHints, where: str) -> tuple[int, i
     return kv_heads, head_dim
 
 
+def _graph_mentions(path: Path, op_type: bytes) -> bool:
+    """Whether the graph file holds ``op_type``; unreadable here (ONNX Runtime read it): True."""
+    try:
+        with path.open("rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            return data.find(op_type) != -1
+    except (OSError, ValueError):
+        return True
+
+
+def uses_group_query_attention(path: Path) -> bool:
+    """Whether attention is GroupQueryAttention, which places each row by its own length (``seqlens_k``).
+
+    Such a graph's batch rows are right-aligned, so joining rows need no
+    position ids. A false positive (the bytes inside weights) would batch a
+    graph without position ids wrongly, so unreadable means False here.
+    """
+    try:
+        return _graph_mentions(path, _GROUP_QUERY_ATTENTION) if path.is_file() else False
+    except OSError:
+        return False
+
+
 def quantizes_per_call(path: Path) -> bool:
     """Whether the graph quantizes activations with one scale over each call's tokens.
 
@@ -225,8 +248,4 @@ def quantizes_per_call(path: Path) -> bool:
     inside weights would only make resuming replay steps it need not.
     Unreadable here (ONNX Runtime read it): assume it does.
     """
-    try:
-        with path.open("rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as data:
-            return data.find(_PER_CALL_SCALE_OPS) != -1
-    except (OSError, ValueError):
-        return True
+    return _graph_mentions(path, _PER_CALL_SCALE_OPS)

@@ -47,9 +47,15 @@ def row_graph(logits_type: str) -> bytes:
 class LastRow:
     """Takes the last row of a logits value where it lies; one per loaded model."""
 
-    def __init__(self, logits_type: str, device_type: str, device_id: int, *, where: str) -> None:
+    def __init__(
+        self, logits_type: str, device_type: str, device_id: int, *, where: str, gpu_mem_limit: int | None = None
+    ) -> None:
         self.session = open_helper_session(
-            row_graph(logits_type), device_type, device_id, where=f"the last-logits-row graph for {where}"
+            row_graph(logits_type),
+            device_type,
+            device_id,
+            where=f"the last-logits-row graph for {where}",
+            gpu_mem_limit=gpu_mem_limit,
         )
 
     def take(self, logits: ort.OrtValue) -> np.ndarray:

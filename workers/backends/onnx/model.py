@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+import threading
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import onnxruntime as ort
 
-from workers.backends.base import SamplingParams, StopCheck, request_messages
+from workers.backends.base import EngineObserver, SamplingParams, StopCheck, request_messages
 from workers.backends.errors import GenerationError, ModelLoadError
 from workers.backends.onnx.chat_template import ChatTemplate
+from workers.backends.onnx.engine import BatchEngine, automatic_kv_budget, kv_bytes_per_position
 from workers.backends.onnx.generation import OnnxGeneration
-from workers.backends.onnx.graph import graph_spec, quantizes_per_call
+from workers.backends.onnx.graph import graph_spec, quantizes_per_call, uses_group_query_attention
 from workers.backends.onnx.kv_decoder import KVDecoder
 from workers.backends.onnx.last_row import LastRow
 from workers.backends.onnx.model_folder import (
@@ -56,6 +58,7 @@ class OnnxModel:
         prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
         intra_op_threads: int | None = None,
         spinning: bool = False,
+        gpu_mem_limit: int | None = None,
     ) -> None:
         if prefill_chunk < 1:
             raise ModelLoadError(f"prefill_chunk must be >= 1, got {prefill_chunk} (loading model {folder.name!r})")
@@ -63,6 +66,7 @@ class OnnxModel:
         self.name = folder.name
         self.prefill_chunk = prefill_chunk
         self.device_id = device_id
+        self.gpu_mem_limit = gpu_mem_limit or None
         if not folder.is_dir():
             raise ModelLoadError(f"model folder {str(folder)!r} does not exist")
         model_path = graph_file(folder, graph)
@@ -82,8 +86,9 @@ class OnnxModel:
         self.context_length = context_length(self.config, genai, folder)
         self.defaults = SamplingDefaults.from_generation_config(self.generation_config)
 
+        limit = self.gpu_mem_limit
         self.session, self.device_type = open_session(
-            model_path, device, device_id, intra_op_threads, spinning, where=self.where
+            model_path, device, device_id, intra_op_threads, spinning, where=self.where, gpu_mem_limit=limit
         )
         self.provider: str = self.session.get_providers()[0]
         hints = shape_hints(self.config, genai)
@@ -92,8 +97,16 @@ class OnnxModel:
         # Resuming replays the generated ids one call each where a different split changes the logits:
         # per-call activation scales, or float16 rounding (one call over the prompt and the generated
         # ids rounds otherwise than the steps did, by a few float16 steps: enough to flip a near tie).
-        self.replays_steps = self.graph.float16 or quantizes_per_call(model_path)
-        self.last_row: LastRow | None = LastRow(self.graph.logits_type, self.device_type, device_id, where=self.where)
+        self.quantizes_per_call = quantizes_per_call(model_path)
+        self.replays_steps = self.graph.float16 or self.quantizes_per_call
+        # GroupQueryAttention reads each row's length from the mask: rows right-aligned, exact in a batch.
+        self.group_query_attention = uses_group_query_attention(model_path)
+        self.kv_bytes_per_position = kv_bytes_per_position(self)
+        self._engine: BatchEngine | None = None
+        self._engine_lock = threading.Lock()
+        self.last_row: LastRow | None = LastRow(
+            self.graph.logits_type, self.device_type, device_id, where=self.where, gpu_mem_limit=self.gpu_mem_limit
+        )
         log.debug("model %s loaded on %s from %s", self.name, self.provider, self.graph_file)
 
     def _vocab_size(self, configured: int | None) -> int:
@@ -143,7 +156,41 @@ class OnnxModel:
         """Continue from :meth:`OnnxGeneration.snapshot`: re-prefill prompt + generated ids and go on."""
         return OnnxGeneration.from_snapshot(self, snapshot, params, should_stop)
 
+    @property
+    def batchable(self) -> bool:
+        """Whether rows may share a session call and keep their tokens (``engine`` has why not)."""
+        return not self.quantizes_per_call and (self.graph.has_position_ids or self.group_query_attention)
+
+    def engine(
+        self,
+        *,
+        max_batch: int,
+        kv_budget_bytes: int,
+        kv_share: float = 0.5,
+        delta_tokens: int,
+        delta_seconds: float,
+        observer: Callable[[], EngineObserver] | None = None,
+    ) -> BatchEngine:
+        """This model's batch engine, started on first use (later calls return it as it is)."""
+        with self._engine_lock:
+            if self._engine is None:
+                self._require_session()
+                budget = kv_budget_bytes or automatic_kv_budget(self, share=kv_share)
+                self._engine = BatchEngine(
+                    self,
+                    max_batch=max_batch,
+                    kv_budget_bytes=budget,
+                    delta_tokens=delta_tokens,
+                    delta_seconds=delta_seconds,
+                    observer=observer() if observer is not None else None,
+                )
+            return self._engine
+
     def close(self) -> None:
-        """Drop the sessions (and with them the weights and device memory)."""
+        """Stop the engine and drop the sessions (and with them the weights and device memory)."""
+        with self._engine_lock:
+            engine, self._engine = self._engine, None
+        if engine is not None:
+            engine.close()
         self.session = None
         self.last_row = None

@@ -1,0 +1,142 @@
+"""A threads-pool worker runs many tasks in one batch: each task still gets its own text, cancel and recovery.
+
+The worker is started as the Procfile starts it (``--pool threads
+--concurrency N`` with ``LMSP_MAX_BATCH=N``): real processes, the test
+database, the main Redis. Each task's final text is compared with the same
+request generated alone in this process by the backend (no engine, no
+batch): greedy-free seeded sampling, so a row that saw another row's logits
+or random numbers would show it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tasks_app.models import Task, TaskEvent
+from tasks_app.states import TaskStatus
+from tests.support.demo import DEMO_MODEL, ENDLESS_MODEL
+from tests.support.lab import Lab
+from tests.support.worker import kill_process_group
+from tests.test_recovery import TERMINAL, deltas, events, wait_for_deltas
+from workers.backends.base import SamplingParams
+from workers.backends.onnx import OnnxRuntimeBackend
+from workers.backends.onnx.model import OnnxModel
+
+BATCH = "4"
+BATCHED = {"LMSP_MAX_BATCH": BATCH, "LMSP_DELTA_BATCH_MS": "20"}
+
+
+def never() -> bool:
+    return False
+
+
+@pytest.fixture
+def alone(lab: Lab):
+    """The text of a request generated alone, in this process, by the backend the worker uses."""
+    loaded: dict[str, OnnxModel] = {}
+
+    def text_of(model: str, request: dict[str, Any]) -> str:
+        if model not in loaded:
+            name, _, tag = model.partition(":")
+            folder = lab.models / name / tag if tag else lab.models / name
+            loaded[model] = OnnxRuntimeBackend().load(folder, device="cpu")
+        backend = loaded[model]
+        generation = backend.generate(
+            backend.prompt_ids(request), SamplingParams.from_request(request), should_stop=never
+        )
+        return "".join(step.text for step in generation)
+
+    yield text_of
+    for model in loaded.values():
+        model.close()
+
+
+def request(index: int, *, tokens: int) -> dict[str, Any]:
+    return {
+        "input": f"Tell me story number {index}",
+        "max_output_tokens": tokens,
+        "seed": 100 + index,
+        "temperature": 0.9,
+        "top_p": 0.95,
+    }
+
+
+def final_text(lab: Lab, task_id: str) -> str:
+    return lab.task(task_id)["response"]["output"][0]["content"][0]["text"]
+
+
+def overlapped(task_ids: list[str]) -> bool:
+    """Whether some two tasks were generating at the same time (by their first and last delta's commit)."""
+    spans = []
+    for task_id in task_ids:
+        rows = TaskEvent.objects.filter(task_id=task_id, type="response.output_text.delta").order_by("sequence_number")
+        spans.append((rows.first().created_at, rows.last().created_at))
+    return any(a[0] < b[1] and b[0] < a[1] for i, a in enumerate(spans) for b in spans[i + 1 :])
+
+
+def test_tasks_in_one_batch_each_get_the_text_of_their_request_alone(lab: Lab, alone) -> None:
+    with lab.worker("batched", pool="threads", concurrency=int(BATCH), **BATCHED) as worker:
+        bodies = [request(i, tokens=60 + 40 * i) for i in range(6)]
+        ids = [lab.create("fail", model=ENDLESS_MODEL, **body) for body in bodies]
+        for task_id in ids:
+            assert lab.wait_for(task_id, TERMINAL, worker)["status"] == "succeeded"
+    assert [final_text(lab, task_id) for task_id in ids] == [alone(ENDLESS_MODEL, body) for body in bodies]
+    assert all(deltas(events(task_id)) == final_text(lab, task_id) for task_id in ids)
+    assert overlapped(ids)
+
+
+def test_the_demo_model_in_a_batch_ends_each_task_as_it_would_alone(lab: Lab, alone) -> None:
+    with lab.worker("batched-demo", pool="threads", concurrency=int(BATCH), **BATCHED) as worker:
+        bodies = [request(i, tokens=400) for i in range(5)]
+        ids = [lab.create("fail", model=DEMO_MODEL, **body) for body in bodies]
+        outcomes = [lab.wait_for(task_id, TERMINAL, worker) for task_id in ids]
+    assert [o["status"] for o in outcomes] == ["succeeded"] * 5
+    assert [final_text(lab, task_id) for task_id in ids] == [alone(DEMO_MODEL, body) for body in bodies]
+
+
+def test_a_cancelled_row_stops_and_the_rows_beside_it_keep_their_text(lab: Lab, alone) -> None:
+    with lab.worker("batched-cancel", pool="threads", concurrency=int(BATCH), **BATCHED) as worker:
+        bodies = [request(i, tokens=800) for i in range(4)]
+        ids = [lab.create("fail", model=ENDLESS_MODEL, **body) for body in bodies]
+        for task_id in ids:
+            wait_for_deltas(task_id, 3, worker)
+        victim = ids[1]
+        reply = lab.api.post(f"/lmsp/v1/tasks/{victim}/cancel")
+        assert reply.status_code == 200
+        assert lab.wait_for(victim, TERMINAL, worker)["status"] == "cancelled"
+        others = [task_id for task_id in ids if task_id != victim]
+        for task_id in others:
+            assert lab.wait_for(task_id, TERMINAL, worker)["status"] == "succeeded"
+    assert events(victim)[-1]["type"] == "response.cancelled"
+    assert [final_text(lab, task_id) for task_id in others] == [
+        alone(ENDLESS_MODEL, body) for task_id, body in zip(ids, bodies, strict=True) if task_id != victim
+    ]
+
+
+def test_a_killed_batched_worker_loses_every_row_and_each_is_recovered_by_its_policy(lab: Lab, alone) -> None:
+    policies = ["resume", "retry", "fail", "resume"]
+    bodies = [request(i, tokens=1200) for i in range(len(policies))]
+    with lab.worker("batched-victim", pool="threads", concurrency=int(BATCH), **BATCHED) as worker:
+        ids = [lab.create(policy, model=ENDLESS_MODEL, **body) for policy, body in zip(policies, bodies, strict=True)]
+        for task_id in ids:
+            wait_for_deltas(task_id, 3, worker)
+        kill_process_group(worker.proc)
+    shown = {task_id: deltas(events(task_id)) for task_id in ids}
+    assert all(Task.objects.get(pk=task_id).status == TaskStatus.RUNNING for task_id in ids)
+    lab.recover()
+    with lab.worker("batched-finisher", pool="threads", concurrency=int(BATCH), **BATCHED) as worker:
+        outcomes = {task_id: lab.wait_for(task_id, TERMINAL, worker) for task_id in ids}
+    expected = [alone(ENDLESS_MODEL, body) for body in bodies]
+    for task_id, policy, text in zip(ids, policies, expected, strict=True):
+        if policy == "fail":
+            assert outcomes[task_id]["status"] == "failed"
+            assert outcomes[task_id]["error"]["code"] == "server_restarted"
+            continue
+        assert outcomes[task_id]["status"] == "succeeded", (policy, outcomes[task_id])
+        assert final_text(lab, task_id) == text, policy
+        if policy == "resume":
+            # The same output item, continued right after what was committed before the kill.
+            assert final_text(lab, task_id).startswith(shown[task_id])
+            assert Task.objects.get(pk=task_id).attempts == 2

@@ -1,0 +1,542 @@
+"""The batch engine: up to ``max_batch`` generations of one model stepping together in one session.
+
+One model thread per engine runs every session call; task threads submit a
+generation and read its :class:`Chunk` s from a :class:`RowStream`. The
+model thread never waits on the database, Redis or the network: it only
+computes, samples, and hands chunks over a queue.
+
+Each iteration of the model thread:
+
+1. admits waiting rows in order, while the batch has room and the KV budget
+   (a bound on the padded cache: rows x longest reserved length) allows;
+2. runs one decode step for the rows decoding (one call per group of rows
+   of similar width; one per row where the graph must not batch, below);
+3. runs one prefill call for the first joining row: its whole prompt (or
+   ``prefill_chunk``) when nothing decodes, else a slice sized to take
+   about one decode step, so running rows never stall for a whole prompt.
+
+A joining row is prefilled alone, in a batch of one row, exactly as a
+generation runs alone; once it has its first token it merges into a
+decoding group (its cache padded to the group's width, on the device), the
+one it pads least, or starts a group of its own when padding would cost the
+group more than running apart: a step costs about rows x width, and a
+2,000-token row merged among 300-token rows made their steps 8x dearer. A
+finished, cancelled or stopped row leaves between steps and its cache rows
+are dropped.
+
+Rows of a graph whose result depends on its batch never share a call:
+graphs that quantize activations per call (one scale over all rows' tokens)
+and graphs without ``position_ids`` that are not right-aligned by
+GroupQueryAttention (they would place padded rows at the wrong positions).
+Their rows still interleave in the one thread, and their prompts are split
+exactly as alone (``prefill_chunk``), so their tokens stay the exporting
+tool's.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from workers.backends.base import Chunk, EngineObserver, Step
+from workers.backends.errors import GenerationError
+from workers.backends.onnx.kv_batch import CacheOps, KVBatch
+from workers.backends.onnx.kv_decoder import prompt_calls
+
+if TYPE_CHECKING:
+    from workers.backends.onnx.generation import OnnxGeneration
+    from workers.backends.onnx.model import OnnxModel
+
+log = logging.getLogger(__name__)
+
+# A prefill slice beside running rows aims at this share of a decode step, and takes at least
+# _MIN_SLICE ids: on a model whose one-token call costs about a step (weights read once per
+# call), smaller slices would barely move the prompt on while doubling the rows' gaps anyway.
+_SLICE_SHARE = 0.9
+_MIN_SLICE = 16
+# A joining row shares a group's calls while the padded group costs at most this much more
+# (rows x width) than the two apart.
+_MERGE_SLACK = 1.3
+
+
+class RowStream:
+    """What a task thread holds of its row: iterate it for chunks; :meth:`stop` ends the row."""
+
+    def __init__(self, engine: BatchEngine, generation: OnnxGeneration) -> None:
+        self.generation = generation
+        self._engine = engine
+        self._queue: queue.SimpleQueue[Chunk] = queue.SimpleQueue()
+        self.stopped = threading.Event()
+
+    def stop(self) -> None:
+        """End the row before its next model call (a lost compare-and-set, a task thread leaving)."""
+        self.stopped.set()
+        self._engine.wake()
+
+    def put(self, chunk: Chunk) -> None:
+        self._queue.put(chunk)
+
+    def __iter__(self) -> Any:
+        """Chunks as they come; what queued meanwhile is merged, so a slow reader commits fewer, larger batches."""
+        while True:
+            chunk = self._queue.get()
+            while not chunk.final:
+                try:
+                    chunk = chunk.then(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            if chunk.error is not None:
+                raise chunk.error
+            yield chunk
+            if chunk.final:
+                return
+
+
+@dataclass(eq=False)
+class _Group:
+    """Decoding rows that share one cache tensor per layer, and so one session call per step."""
+
+    batch: KVBatch
+    rows: list[_Row]
+
+
+@dataclass(eq=False)
+class _Row:
+    stream: RowStream
+    generation: OnnxGeneration
+    length_cap: int
+    """The most positions this row's cache can reach (prompt + max output)."""
+    submitted: float
+    batch: KVBatch | None = None
+    calls: deque[list[int]] = field(default_factory=deque)
+    """Prefill: the ids still to feed, one list per feed (sliced into calls as they run)."""
+    steps: list[Step] = field(default_factory=list)
+    tokens: int = 0
+    since: float = 0.0
+    first_at: float = 0.0
+    last_at: float = 0.0
+    emitted: bool = False
+
+
+class BatchEngine:
+    """One model's rows in one model thread; see the module docstring."""
+
+    def __init__(
+        self,
+        model: OnnxModel,
+        *,
+        max_batch: int,
+        kv_budget_bytes: int,
+        delta_tokens: int,
+        delta_seconds: float,
+        observer: EngineObserver | None = None,
+    ) -> None:
+        self.model = model
+        self.max_batch = max(1, max_batch)
+        self.kv_budget = kv_budget_bytes
+        self.delta_tokens = max(1, delta_tokens)
+        self.delta_seconds = delta_seconds
+        self.observer = observer or EngineObserver()
+        self.batched = model.batchable
+        self.exact_splits = model.quantizes_per_call or model.graph.float16
+        self.ops = CacheOps(model)
+        self.bytes_per_position = model.kv_bytes_per_position
+        self._lock = threading.Condition()
+        self._waiting: deque[_Row] = deque()
+        self._joining: deque[_Row] = deque()
+        # Batchable graphs: rows of similar widths share a group. Others: each row its own.
+        self._groups: list[_Group] = []
+        self._closed = False
+        self._drain_deadline: float | None = None
+        self._step_seconds = 0.0
+        self._slice = 16
+        self._thread = threading.Thread(target=self._loop, name=f"lmsp-engine-{model.name}", daemon=True)
+        self._thread.start()
+
+    # -- task threads ---------------------------------------------------------
+
+    def submit(self, generation: OnnxGeneration) -> RowStream:
+        """Queue a generation (fresh or resumed); its chunks come from the returned stream."""
+        stream = RowStream(self, generation)
+        length_cap = min(self.model.context_length, generation.prompt_tokens + generation.max_output_tokens)
+        row = _Row(stream=stream, generation=generation, length_cap=length_cap, submitted=time.monotonic())
+        need = length_cap * self.bytes_per_position
+        if self.kv_budget and need > self.kv_budget:
+            error = GenerationError(
+                f"this request can need {need / 2**20:.1f} MiB of KV cache ({length_cap} positions of model "
+                f"{self.model.name!r}), more than the worker's whole budget of {self.kv_budget / 2**20:.1f} MiB "
+                "(LMSP_KV_CACHE_BYTES); ask for fewer max_output_tokens or raise the budget"
+            )
+            stream.put(Chunk.failed(error))
+            return stream
+        with self._lock:
+            if self._closed or self._drain_deadline is not None:
+                stream.put(Chunk.ending(output_tokens=generation.output_tokens, interrupted=True))
+                return stream
+            self._waiting.append(row)
+            self._lock.notify()
+        return stream
+
+    def wake(self) -> None:
+        with self._lock:
+            self._lock.notify()
+
+    def drain(self, *, grace_seconds: float) -> None:
+        """Take no new rows; rows still running after ``grace_seconds`` end as interrupted.
+
+        A later call can only bring the deadline nearer (a cold shutdown after a warm one).
+        """
+        deadline = time.monotonic() + max(0.0, grace_seconds)
+        with self._lock:
+            if self._drain_deadline is None or deadline < self._drain_deadline:
+                self._drain_deadline = deadline
+            self._lock.notify()
+
+    def close(self) -> None:
+        """Stop the model thread; rows still in it end with an error."""
+        with self._lock:
+            self._closed = True
+            self._lock.notify()
+        if threading.current_thread() is not self._thread:
+            self._thread.join(timeout=30)
+
+    @property
+    def _decoding(self) -> list[_Row]:
+        return [row for group in self._groups for row in group.rows]
+
+    def snapshot(self) -> dict[str, Any]:
+        """Rows and cache now, for logs and the CUDA proof."""
+        with self._lock:
+            waiting, joining = len(self._waiting), len(self._joining)
+        groups = list(self._groups)
+        return {
+            "waiting": waiting,
+            "joining": joining,
+            "decoding": sum(len(group.rows) for group in groups),
+            "groups": len(groups),
+            "batched": self.batched,
+            "cache_bytes": sum(group.batch.device_bytes() for group in groups),
+            "cache_on_device": all(group.batch.on_device() for group in groups) if groups else None,
+            "cache_width": max((group.batch.width for group in groups), default=0),
+        }
+
+    # -- the model thread -----------------------------------------------------
+
+    def _loop(self) -> None:
+        try:
+            while self._iterate():
+                pass
+        except BaseException as exc:  # a bug here must not leave task threads waiting forever
+            log.exception("batch engine of %s stopped", self.model.name)
+            self._fail_all(GenerationError(f"the batch engine of {self.model.name!r} failed: {exc}"))
+        finally:
+            self.observer.close()
+
+    def _iterate(self) -> bool:
+        with self._lock:
+            while True:
+                if self._closed:
+                    break
+                self._admit()
+                if self._decoding or self._joining:
+                    break
+                self._lock.wait()
+            closed, deadline = self._closed, self._drain_deadline
+        if closed:
+            self._fail_all(GenerationError(f"model {self.model.name!r} was unloaded"))
+            return False
+        if deadline is not None and time.monotonic() >= deadline:
+            self._interrupt_all()
+        now = time.monotonic()
+        self._decode_step(now)
+        self._prefill_call(time.monotonic())
+        return True
+
+    def _reserved(self, rows: list[_Row]) -> int:
+        """The bound on the padded cache these rows can reach: rows x the longest, per position."""
+        if not rows:
+            return 0
+        return len(rows) * max(row.length_cap for row in rows) * self.bytes_per_position
+
+    def _admit(self) -> None:
+        """Admit waiting rows in order while they fit; called with the lock held."""
+        active = [*self._decoding, *self._joining]
+        while self._waiting and len(active) < self.max_batch:
+            row = self._waiting[0]
+            if self.kv_budget and active and self._reserved([*active, row]) > self.kv_budget:
+                break
+            self._waiting.popleft()
+            row.calls.extend(row.generation.feeds())
+            self._joining.append(row)
+            active.append(row)
+            self.observer.queue_wait(time.monotonic() - row.submitted)
+            row.emitted = False
+            for step in row.generation.begin():
+                self._add_step(row, step)
+            if row.generation.finish_reason is not None:
+                self._joining.remove(row)
+                active.remove(row)
+                self._emit(row, final=True)
+        self.observer.rows(running=len(active), waiting=len(self._waiting))
+        self.observer.kv(in_use=self._reserved(active), budget=self.kv_budget)
+
+    # -- decode ---------------------------------------------------------------
+
+    def _decode_step(self, now: float) -> None:
+        """One step of every decoding row: one session call per group."""
+        if not self._groups:
+            return
+        started = time.perf_counter()
+        stepped = 0
+        for group in list(self._groups):
+            stopping = [row for row in group.rows if row.stream.stopped.is_set() or row.generation.stop_requested()]
+            if stopping:
+                self._leave(group, stopping)
+            if not group.rows:
+                continue
+            rows = list(group.rows)
+            ids = np.array([[row.generation.generated_ids[-1]] for row in rows], dtype=np.int64)
+            try:
+                logits = group.batch.feed(ids, want_logits=True)
+            except GenerationError as exc:
+                for row in rows:
+                    row.stream.put(Chunk.failed(exc))
+                self._groups.remove(group)
+                continue
+            assert logits is not None
+            stepped += len(rows)
+            done = [row for row, row_logits in zip(rows, logits, strict=True) if not self._accept(row, row_logits, now)]
+            if done:
+                self._leave(group, done, emitted=True)
+        if not stepped:
+            return
+        seconds = time.perf_counter() - started
+        self._step_seconds = seconds if not self._step_seconds else 0.8 * self._step_seconds + 0.2 * seconds
+        self.observer.step(rows=stepped, seconds=seconds)
+
+    def _accept(self, row: _Row, logits: np.ndarray, now: float) -> bool:
+        """Sample ``row``'s next token; False when the row is over (its last chunk is out)."""
+        try:
+            steps = row.generation.accept(logits)
+        except GenerationError as exc:
+            row.stream.put(Chunk.failed(exc))
+            return False
+        for step in steps:
+            self._add_step(row, step)
+        if row.generation.finish_reason is not None:
+            self._emit(row, final=True)
+            return False
+        if not row.emitted or row.tokens >= self.delta_tokens or now - row.since >= self.delta_seconds:
+            self._emit(row, final=False)
+        return True
+
+    def _add_step(self, row: _Row, step: Step) -> None:
+        now = time.monotonic()
+        if not row.steps and not row.tokens:
+            row.since = now
+        row.steps.append(step)
+        if step.token_id is not None:
+            row.tokens += 1
+            row.first_at = row.first_at or now
+            row.last_at = now
+
+    def _emit(self, row: _Row, *, final: bool, interrupted: bool = False) -> None:
+        generation = row.generation
+        row.stream.put(
+            Chunk(
+                steps=tuple(row.steps),
+                tokens=row.tokens,
+                output_tokens=generation.output_tokens,
+                state=generation.snapshot_state(),
+                final=final,
+                interrupted=interrupted,
+                first_at=row.first_at,
+                last_at=row.last_at,
+            )
+        )
+        row.steps, row.tokens, row.emitted = [], 0, True
+        row.first_at = row.last_at = 0.0
+
+    def _leave(self, group: _Group, rows: list[_Row], *, emitted: bool = False) -> None:
+        """Drop ``rows`` from ``group``; those not yet told get their last chunk."""
+        gone = set(map(id, rows))
+        if not emitted:
+            for row in rows:
+                self._emit(row, final=True)
+        kept = [i for i, row in enumerate(group.rows) if id(row) not in gone]
+        if kept:
+            try:
+                group.batch.keep(kept)
+            except GenerationError as exc:
+                for row in group.rows:
+                    if id(row) not in gone:
+                        row.stream.put(Chunk.failed(exc))
+                kept = []
+        group.rows = [group.rows[i] for i in kept]
+        if not group.rows:
+            self._groups.remove(group)
+        with self._lock:
+            self._admit()
+
+    # -- prefill --------------------------------------------------------------
+
+    def _prefill_call(self, now: float) -> None:
+        if not self._joining:
+            return
+        row = self._joining[0]
+        if row.stream.stopped.is_set() or row.generation.stop_requested():
+            self._joining.popleft()
+            self._emit(row, final=True)
+            with self._lock:
+                self._admit()
+            return
+        if row.batch is None:
+            row.batch = KVBatch(self.model, ops=self.ops)
+        feed = row.calls[0]
+        size = self._call_size(len(feed))
+        ids, rest = feed[:size], feed[size:]
+        last = not rest and len(row.calls) == 1
+        started = time.perf_counter()
+        try:
+            logits = row.batch.feed(np.asarray([ids], dtype=np.int64), want_logits=last)
+        except GenerationError as exc:
+            self._joining.popleft()
+            row.stream.put(Chunk.failed(exc))
+            return
+        self.observer.prefill(tokens=len(ids), seconds=time.perf_counter() - started)
+        if rest:
+            row.calls[0] = rest
+        else:
+            row.calls.popleft()
+        if not last:
+            self._resize_slice(len(ids), time.perf_counter() - started)
+            return
+        self._joining.popleft()
+        assert logits is not None
+        if not self._accept(row, logits[0], time.monotonic()):
+            row.batch = None
+            with self._lock:
+                self._admit()
+            return
+        self._join(row)
+
+    def _call_size(self, remaining: int) -> int:
+        """How many ids of a feed the next call takes."""
+        chunk = self.model.prefill_chunk
+        whole = prompt_calls(remaining, chunk)[0]
+        if self.exact_splits or not self._decoding:
+            return whole
+        return max(1, min(whole, self._slice))
+
+    def _resize_slice(self, tokens: int, seconds: float) -> None:
+        """Aim the next slice at about one decode step of the running rows."""
+        if not self._decoding or not self._step_seconds or seconds <= 0:
+            return
+        target = tokens * _SLICE_SHARE * self._step_seconds / seconds
+        self._slice = int(max(_MIN_SLICE, min(self.model.prefill_chunk, 0.5 * self._slice + 0.5 * target)))
+
+    def _join(self, row: _Row) -> None:
+        """A prefilled row starts decoding: into the group it pads least (on the device), or a group of its own.
+
+        A step costs about rows x width of the cache, so a row far longer (or
+        shorter) than a group's rows would make every one of them pay for its
+        width, on every step until one leaves: it joins only where the padded
+        group costs at most ``_MERGE_SLACK`` more than the two apart.
+        """
+        batch, row.batch = row.batch, None
+        assert batch is not None
+        best: _Group | None = None
+        if self.batched:
+            width = batch.width
+            best_cost = float("inf")
+            for group in self._groups:
+                apart = len(group.rows) * group.batch.width + width
+                together = (len(group.rows) + 1) * max(group.batch.width, width)
+                if together <= _MERGE_SLACK * apart and together < best_cost:
+                    best, best_cost = group, together
+        if best is None:
+            self._groups.append(_Group(batch=batch, rows=[row]))
+            return
+        try:
+            best.batch.merge(batch)
+        except GenerationError as exc:
+            row.stream.put(Chunk.failed(exc))
+            return
+        best.rows.append(row)
+
+    # -- ends -----------------------------------------------------------------
+
+    def _take_all(self) -> list[_Row]:
+        """Every row out of the engine (waiting, joining, decoding), its cache dropped."""
+        with self._lock:
+            rows = [*self._waiting, *self._joining, *self._decoding]
+            self._waiting.clear()
+        self._joining.clear()
+        self._groups.clear()
+        return rows
+
+    def _interrupt_all(self) -> None:
+        """The drain ran out: every row ends where it is, its task handed back by its policy."""
+        for row in self._take_all():
+            self._emit(row, final=True, interrupted=True)
+
+    def _fail_all(self, error: GenerationError) -> None:
+        for row in self._take_all():
+            row.stream.put(Chunk.failed(error))
+
+
+def automatic_kv_budget(model: OnnxModel, *, share: float) -> int:
+    """``share`` of the free memory of the model's device (CUDA) or of the host's physical memory (CPU)."""
+    if model.device_type == "cuda":
+        free = cuda_free_bytes(model.device_id)
+        if free:
+            return int(free * share)
+    try:
+        physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return 0
+    return int(physical * share)
+
+
+def cuda_free_bytes(device_id: int) -> int:
+    """Free memory of CUDA device ``device_id`` by the driver API; 0 when it cannot be asked."""
+    import ctypes
+
+    try:
+        driver = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return 0
+    device, context = ctypes.c_int(), ctypes.c_void_p()
+    free, total = ctypes.c_size_t(), ctypes.c_size_t()
+    try:
+        if driver.cuInit(0) or driver.cuDeviceGet(ctypes.byref(device), device_id):
+            return 0
+        if driver.cuDevicePrimaryCtxRetain(ctypes.byref(context), device):
+            return 0
+        try:
+            if driver.cuCtxPushCurrent_v2(context):
+                return 0
+            try:
+                if driver.cuMemGetInfo_v2(ctypes.byref(free), ctypes.byref(total)):
+                    return 0
+            finally:
+                driver.cuCtxPopCurrent_v2(ctypes.byref(ctypes.c_void_p()))
+        finally:
+            driver.cuDevicePrimaryCtxRelease_v2(device)
+    except AttributeError:
+        return 0
+    return int(free.value)
+
+
+def kv_bytes_per_position(model: OnnxModel) -> int:
+    """Cache bytes one position of one row takes: layers x (key + value) x heads x head size x element."""
+    graph = model.graph
+    return len(graph.past_names) * graph.kv_heads * graph.head_dim * np.dtype(graph.kv_dtype).itemsize
