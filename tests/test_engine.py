@@ -438,3 +438,26 @@ def test_the_cache_stays_where_the_session_computed_it(loaded: Callable[[str], O
     finally:
         engine.close()
     assert seen and all(state["cache_on_device"] for state in seen if state["cache_bytes"])
+
+
+def test_a_broken_model_thread_fails_its_rows_and_the_next_rows_get_a_new_engine(monkeypatch) -> None:
+    model = OnnxRuntimeBackend(prefill_chunk=CHUNK).load(MODELS / "qwen2-tiny", device="cpu")
+    try:
+        settings = {"max_batch": 2, "kv_budget_bytes": 0, "delta_tokens": 4, "delta_seconds": 0.05}
+        engine = model.engine(**settings)
+        params = SamplingParams(temperature=0, max_output_tokens=20)
+        prompt = list(range(3, 13))
+        expected = alone(model, prompt, params)
+        # A fault no real input makes: a bug in the model thread (not an inference error).
+        with monkeypatch.context() as patch:
+            patch.setattr(BatchEngine, "_decode_step", lambda self, now: 1 / 0)
+            with pytest.raises(GenerationError, match="batch engine"):
+                list(engine.submit(model.generate(prompt, params, should_stop=never)))
+        assert not engine.running
+        with pytest.raises(GenerationError, match="batch engine"):
+            list(engine.submit(model.generate(prompt, params, should_stop=never)))
+        replacement = model.engine(**settings)
+        assert replacement is not engine
+        assert ids_of(list(replacement.submit(model.generate(prompt, params, should_stop=never)))) == expected
+    finally:
+        model.close()

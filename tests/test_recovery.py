@@ -28,6 +28,7 @@ from tests.support.worker import WorkerProcess, celery_worker, kill_process_grou
 
 TERMINAL = {"succeeded", "failed", "cancelled"}
 LONG = 3000
+KILLED_TOKENS = 4000
 
 
 @contextmanager
@@ -141,8 +142,9 @@ def test_loading_tasks_killed_while_loading_fail_or_run_again(lab: Lab):
 
 
 def test_running_and_cancelling_tasks_killed_mid_generation(lab: Lab):
-    running = {policy: lab.create(policy, tokens=1200) for policy in RestartPolicy.values}
-    cancelling = {policy: lab.create(policy, tokens=1200) for policy in RestartPolicy.values}
+    # Long enough that none ends before the kill: the worker's model thread no longer waits for commits.
+    running = {policy: lab.create(policy, tokens=KILLED_TOKENS) for policy in RestartPolicy.values}
+    cancelling = {policy: lab.create(policy, tokens=KILLED_TOKENS) for policy in RestartPolicy.values}
     every = [*running.values(), *cancelling.values()]
     with lab.worker("generators", concurrency=6) as worker:
         for task_id in every:
@@ -205,7 +207,7 @@ def test_running_and_cancelling_tasks_killed_mid_generation(lab: Lab):
     assert [e["type"] for e in log].count("response.output_item.added") == 1
     final = lab.task(resume_id)["response"]
     assert final["output"][0]["content"][0]["text"] == deltas(log)
-    assert final["usage"]["output_tokens"] == 1200
+    assert final["usage"]["output_tokens"] == KILLED_TOKENS
     assert Task.objects.get(pk=resume_id).attempts == 2
 
 

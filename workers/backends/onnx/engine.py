@@ -41,6 +41,7 @@ import queue
 import threading
 import time
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -84,7 +85,7 @@ class RowStream:
     def put(self, chunk: Chunk) -> None:
         self._queue.put(chunk)
 
-    def __iter__(self) -> Any:
+    def __iter__(self) -> Iterator[Chunk]:
         """Chunks as they come; what queued meanwhile is merged, so a slow reader commits fewer, larger batches."""
         while True:
             chunk = self._queue.get()
@@ -155,6 +156,7 @@ class BatchEngine:
         # Batchable graphs: rows of similar widths share a group. Others: each row its own.
         self._groups: list[_Group] = []
         self._closed = False
+        self._broken: GenerationError | None = None
         self._drain_deadline: float | None = None
         self._step_seconds = 0.0
         self._slice = 16
@@ -178,6 +180,9 @@ class BatchEngine:
             stream.put(Chunk.failed(error))
             return stream
         with self._lock:
+            if self._broken is not None:
+                stream.put(Chunk.failed(self._broken))
+                return stream
             if self._closed or self._drain_deadline is not None:
                 stream.put(Chunk.ending(output_tokens=generation.output_tokens, interrupted=True))
                 return stream
@@ -230,13 +235,22 @@ class BatchEngine:
 
     # -- the model thread -----------------------------------------------------
 
+    @property
+    def running(self) -> bool:
+        """Whether the model thread still takes rows (False once closed or broken)."""
+        return self._thread.is_alive() and not self._closed
+
     def _loop(self) -> None:
         try:
             while self._iterate():
                 pass
         except BaseException as exc:  # a bug here must not leave task threads waiting forever
             log.exception("batch engine of %s stopped", self.model.name)
-            self._fail_all(GenerationError(f"the batch engine of {self.model.name!r} failed: {exc}"))
+            error = GenerationError(f"the batch engine of {self.model.name!r} failed: {exc}")
+            with self._lock:
+                # Rows submitted from now on fail at once; the model starts a new engine for the next ones.
+                self._closed, self._broken = True, error
+            self._fail_all(error)
         finally:
             self.observer.close()
 

@@ -171,9 +171,12 @@ class OnnxModel:
         delta_seconds: float,
         observer: Callable[[], EngineObserver] | None = None,
     ) -> BatchEngine:
-        """This model's batch engine, started on first use (later calls return it as it is)."""
+        """This model's batch engine, started on first use (later calls return it as it is).
+
+        An engine whose model thread broke is replaced: its rows failed, the next ones get a new one.
+        """
         with self._engine_lock:
-            if self._engine is None:
+            if self._engine is None or not self._engine.running:
                 self._require_session()
                 budget = kv_budget_bytes or automatic_kv_budget(self, share=kv_share)
                 self._engine = BatchEngine(
