@@ -236,46 +236,15 @@ def instrumented_web_main(port: str, profile_path: str, gc_path: str) -> None:
                 out.writelines(f"{at:.6f} {count}\n" for at, count in tracked)
 
 
-class _PacedGeneration:
-    """A generation that yields at most ``rate`` tokens a second, like a real model on real hardware."""
-
-    def __init__(self, inner: Any, rate: float) -> None:
-        self._inner = inner
-        self._interval = 1.0 / rate
-
-    def __getattr__(self, name: str) -> Any:
-        # finish_reason, output_tokens, snapshot(), ... are read live from the real one.
-        return getattr(self._inner, name)
-
-    def __iter__(self) -> Any:
-        due = time.monotonic()
-        for step in self._inner:
-            if step.token_id is not None:
-                due += self._interval
-                delay = due - time.monotonic()
-                if delay > 0:
-                    time.sleep(delay)
-            yield step
-
-
-class _PacedModel:
-    def __init__(self, inner: Any, rate: float) -> None:
-        self._inner = inner
-        self._rate = rate
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
-
-    def generate(self, *args: Any, **kwargs: Any) -> _PacedGeneration:
-        return _PacedGeneration(self._inner.generate(*args, **kwargs), self._rate)
-
-
 def paced_worker_main(rate: str, celery_args: list[str]) -> None:
-    """The project's Celery worker, unchanged except that the model's tokens come at a fixed rate.
+    """The project's Celery worker, unchanged except that each generation's tokens come at a fixed rate.
 
     The demo model makes ~2000 tokens/s on this CPU, some 20-100 times what a
     real model streams; pacing it shows the fan-out at realistic wake-up
     rates and frees the CPU the generation would take from the web process.
+    The batch engine samples every token through ``OnnxGeneration.accept``,
+    so that is where a token waits for its turn (on the model thread, as a
+    slower model would make it wait).
     """
     import django
 
@@ -283,15 +252,21 @@ def paced_worker_main(rate: str, celery_args: list[str]) -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "lmsp_project.settings")
     django.setup()
     from lmsp_project.celery import app
-    from workers.model_cache import ModelCache
+    from workers.backends.onnx.generation import OnnxGeneration
 
-    real_get = ModelCache.get
+    real_accept = OnnxGeneration.accept
+    interval = 1.0 / float(rate)
 
-    def paced_get(self: ModelCache, name: str) -> Any:
-        return _PacedModel(real_get(self, name), float(rate))
+    def paced_accept(self: OnnxGeneration, logits: Any) -> Any:
+        due = getattr(self, "_paced_due", time.monotonic()) + interval
+        self._paced_due = due  # type: ignore[attr-defined]
+        delay = due - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+        return real_accept(self, logits)
 
     # Patched before the prefork pool forks, so its child inherits it.
-    ModelCache.get = paced_get  # type: ignore[method-assign]
+    OnnxGeneration.accept = paced_accept  # type: ignore[method-assign]
     app.worker_main(["worker", *celery_args])
 
 

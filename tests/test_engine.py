@@ -102,18 +102,40 @@ class Request:
     params: SamplingParams
     delay: float = 0.0
     should_stop: Callable[[], bool] = never
+    # The model thread waits, at this row's first check, until this many rows were submitted:
+    # on a fast model a row can end before a later one arrives, and then no batch ever forms.
+    hold_for: int = 0
 
 
 def run_together(engine: BatchEngine, model: OnnxModel, requests: Sequence[Request]) -> list[list[Chunk]]:
     """Submit each request from its own thread (as task threads do), after its delay; every row's chunks."""
     results: list[list[Chunk]] = [[] for _ in requests]
     errors: list[BaseException] = []
+    submitted = threading.Condition()
+    count = [0]
+
+    def held(request: Request) -> Callable[[], bool]:
+        waited = [False]
+
+        def should_stop() -> bool:
+            if not waited[0]:
+                waited[0] = True
+                with submitted:
+                    submitted.wait_for(lambda: count[0] >= request.hold_for, timeout=10)
+            return request.should_stop()
+
+        return should_stop
 
     def submit(index: int, request: Request) -> None:
         time.sleep(request.delay)
         try:
-            generation = model.generate(request.prompt, request.params, should_stop=request.should_stop)
-            results[index].extend(engine.submit(generation))
+            stop = held(request) if request.hold_for else request.should_stop
+            generation = model.generate(request.prompt, request.params, should_stop=stop)
+            stream = engine.submit(generation)
+            with submitted:
+                count[0] += 1
+                submitted.notify_all()
+            results[index].extend(stream)
         except BaseException as exc:  # surfaced below, with the others
             errors.append(exc)
 
@@ -148,7 +170,7 @@ def varied(model: OnnxModel, *, seed: int | None) -> list[Request]:
         prompt = [(7 + 13 * index + 5 * i) % (vocab - 3) + 3 for i in range(length)]
         sampled = {} if seed is None else {"temperature": 0.9, "top_p": 0.95}
         params = SamplingParams(max_output_tokens=6 + 5 * index, seed=seed, **({"temperature": 0} | sampled))
-        requests.append(Request(prompt, params, delay=0.003 * index))
+        requests.append(Request(prompt, params, delay=0.003 * index, hold_for=3 if index == 0 else 0))
     return requests
 
 

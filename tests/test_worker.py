@@ -190,7 +190,9 @@ def test_duplicate_delivery_runs_the_task_once(api, running_worker):
 
 def test_cancel_racing_the_last_token_ends_in_one_consistent_state(api, running_worker):
     """Cancels land before, during and after each task's final commit; the outcome always agrees."""
-    tasks = [create(api, f"Race {n}", max_output_tokens=4 + n % 7) for n in range(24)]
+    # Long enough that a cancel sent right after a few of them starts finds it running: the batch
+    # engine decodes without waiting for commits, so a 4-token task is often over before a cancel.
+    tasks = [create(api, f"Race {n}", max_output_tokens=8 + 8 * (n % 7)) for n in range(24)]
     replies: dict[str, int] = {}
     for n, task in enumerate(tasks):
         # Spread the cancels over the short life of each task.

@@ -58,11 +58,6 @@ class ModelCache:
             if closing:
                 entry.model.close()
 
-    def get(self, name: str) -> LoadedModel:
-        """The loaded model ``name`` without a lease (it may be closed once another model needs room)."""
-        with self.lease(name) as model:
-            return model
-
     def _retire(self, entry: _Entry) -> None:
         """Out of the cache; closed now if unused (the caller holds the lock)."""
         entry.retired = True

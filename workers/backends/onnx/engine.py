@@ -51,6 +51,7 @@ from workers.backends.base import Chunk, EngineObserver, Step
 from workers.backends.errors import GenerationError
 from workers.backends.onnx.kv_batch import CacheOps, KVBatch
 from workers.backends.onnx.kv_decoder import prompt_calls
+from workers.backends.onnx.session import cuda_free_bytes
 
 if TYPE_CHECKING:
     from workers.backends.onnx.generation import OnnxGeneration
@@ -259,8 +260,10 @@ class BatchEngine:
             while True:
                 if self._closed:
                     break
-                self._admit()
-                if self._decoding or self._joining:
+                # Rows leaving admit the next ones themselves (_leave); here only new submissions wait.
+                if self._waiting:
+                    self._admit()
+                if self._groups or self._joining:
                     break
                 self._lock.wait()
             closed, deadline = self._closed, self._drain_deadline
@@ -269,9 +272,8 @@ class BatchEngine:
             return False
         if deadline is not None and time.monotonic() >= deadline:
             self._interrupt_all()
-        now = time.monotonic()
-        self._decode_step(now)
-        self._prefill_call(time.monotonic())
+        self._decode_step(time.monotonic())
+        self._prefill_call()
         return True
 
     def _reserved(self, rows: list[_Row]) -> int:
@@ -294,7 +296,7 @@ class BatchEngine:
             self.observer.queue_wait(time.monotonic() - row.submitted)
             row.emitted = False
             for step in row.generation.begin():
-                self._add_step(row, step)
+                self._add_step(row, step, time.monotonic())
             if row.generation.finish_reason is not None:
                 self._joining.remove(row)
                 active.remove(row)
@@ -324,6 +326,7 @@ class BatchEngine:
                 for row in rows:
                     row.stream.put(Chunk.failed(exc))
                 self._groups.remove(group)
+                self._readmit()
                 continue
             assert logits is not None
             stepped += len(rows)
@@ -344,7 +347,7 @@ class BatchEngine:
             row.stream.put(Chunk.failed(exc))
             return False
         for step in steps:
-            self._add_step(row, step)
+            self._add_step(row, step, now)
         if row.generation.finish_reason is not None:
             self._emit(row, final=True)
             return False
@@ -352,8 +355,7 @@ class BatchEngine:
             self._emit(row, final=False)
         return True
 
-    def _add_step(self, row: _Row, step: Step) -> None:
-        now = time.monotonic()
+    def _add_step(self, row: _Row, step: Step, now: float) -> None:
         if not row.steps and not row.tokens:
             row.since = now
         row.steps.append(step)
@@ -397,20 +399,23 @@ class BatchEngine:
         group.rows = [group.rows[i] for i in kept]
         if not group.rows:
             self._groups.remove(group)
+        self._readmit()
+
+    def _readmit(self) -> None:
+        """Rows left: admit waiting ones into the room, and report the new counts."""
         with self._lock:
             self._admit()
 
     # -- prefill --------------------------------------------------------------
 
-    def _prefill_call(self, now: float) -> None:
+    def _prefill_call(self) -> None:
         if not self._joining:
             return
         row = self._joining[0]
         if row.stream.stopped.is_set() or row.generation.stop_requested():
             self._joining.popleft()
             self._emit(row, final=True)
-            with self._lock:
-                self._admit()
+            self._readmit()
             return
         if row.batch is None:
             row.batch = KVBatch(self.model, ops=self.ops)
@@ -424,6 +429,7 @@ class BatchEngine:
         except GenerationError as exc:
             self._joining.popleft()
             row.stream.put(Chunk.failed(exc))
+            self._readmit()
             return
         self.observer.prefill(tokens=len(ids), seconds=time.perf_counter() - started)
         if rest:
@@ -437,8 +443,7 @@ class BatchEngine:
         assert logits is not None
         if not self._accept(row, logits[0], time.monotonic()):
             row.batch = None
-            with self._lock:
-                self._admit()
+            self._readmit()
             return
         self._join(row)
 
@@ -446,13 +451,13 @@ class BatchEngine:
         """How many ids of a feed the next call takes."""
         chunk = self.model.prefill_chunk
         whole = prompt_calls(remaining, chunk)[0]
-        if self.exact_splits or not self._decoding:
+        if self.exact_splits or not self._groups:
             return whole
         return max(1, min(whole, self._slice))
 
     def _resize_slice(self, tokens: int, seconds: float) -> None:
         """Aim the next slice at about one decode step of the running rows."""
-        if not self._decoding or not self._step_seconds or seconds <= 0:
+        if not self._groups or not self._step_seconds or seconds <= 0:
             return
         target = tokens * _SLICE_SHARE * self._step_seconds / seconds
         self._slice = int(max(_MIN_SLICE, min(self.model.prefill_chunk, 0.5 * self._slice + 0.5 * target)))
@@ -518,36 +523,6 @@ def automatic_kv_budget(model: OnnxModel, *, share: float) -> int:
     except (ValueError, OSError):
         return 0
     return int(physical * share)
-
-
-def cuda_free_bytes(device_id: int) -> int:
-    """Free memory of CUDA device ``device_id`` by the driver API; 0 when it cannot be asked."""
-    import ctypes
-
-    try:
-        driver = ctypes.CDLL("libcuda.so.1")
-    except OSError:
-        return 0
-    device, context = ctypes.c_int(), ctypes.c_void_p()
-    free, total = ctypes.c_size_t(), ctypes.c_size_t()
-    try:
-        if driver.cuInit(0) or driver.cuDeviceGet(ctypes.byref(device), device_id):
-            return 0
-        if driver.cuDevicePrimaryCtxRetain(ctypes.byref(context), device):
-            return 0
-        try:
-            if driver.cuCtxPushCurrent_v2(context):
-                return 0
-            try:
-                if driver.cuMemGetInfo_v2(ctypes.byref(free), ctypes.byref(total)):
-                    return 0
-            finally:
-                driver.cuCtxPopCurrent_v2(ctypes.byref(ctypes.c_void_p()))
-        finally:
-            driver.cuDevicePrimaryCtxRelease_v2(device)
-    except AttributeError:
-        return 0
-    return int(free.value)
 
 
 def kv_bytes_per_position(model: OnnxModel) -> int:

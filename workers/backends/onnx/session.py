@@ -57,15 +57,8 @@ class _CudaUnusable(Exception):
     """CUDA cannot run this session; the message says why, for a person."""
 
 
-def cuda_device_count() -> int:
-    """How many CUDA devices the driver reports; 0 without a driver.
-
-    Asked before ONNX Runtime ever tries its CUDA provider: onnxruntime-gpu on
-    a machine without CUDA prints an error line to stderr and silently falls
-    back to CPU, and ``auto`` should stay quiet there. Loading the driver
-    library and calling ``cuInit`` costs nothing the CUDA provider would not
-    pay anyway.
-    """
+def _cuda_driver() -> ctypes.CDLL | None:
+    """The CUDA driver library, initialised (``cuInit``); None without a driver or when it fails."""
     names = ["nvcuda.dll"] if sys.platform == "win32" else ["libcuda.so.1", "libcuda.so"]
     found = ctypes.util.find_library("cuda")
     if found:
@@ -76,15 +69,60 @@ def cuda_device_count() -> int:
         except OSError:
             continue
         try:
-            if driver.cuInit(0) != 0:
-                return 0
-            count = ctypes.c_int(0)
-            if driver.cuDeviceGetCount(ctypes.byref(count)) != 0:
-                return 0
-            return count.value
+            return driver if driver.cuInit(0) == 0 else None
         except AttributeError:
+            return None
+    return None
+
+
+def cuda_device_count() -> int:
+    """How many CUDA devices the driver reports; 0 without a driver.
+
+    Asked before ONNX Runtime ever tries its CUDA provider: onnxruntime-gpu on
+    a machine without CUDA prints an error line to stderr and silently falls
+    back to CPU, and ``auto`` should stay quiet there. Loading the driver
+    library and calling ``cuInit`` costs nothing the CUDA provider would not
+    pay anyway.
+    """
+    driver = _cuda_driver()
+    count = ctypes.c_int(0)
+    try:
+        if driver is None or driver.cuDeviceGetCount(ctypes.byref(count)) != 0:
             return 0
-    return 0
+    except AttributeError:
+        return 0
+    return count.value
+
+
+def cuda_free_bytes(device_id: int) -> int:
+    """Free memory of CUDA device ``device_id`` (the driver's ``cuMemGetInfo``); 0 when it cannot be asked.
+
+    Through the device's primary context, the one ONNX Runtime's CUDA provider
+    uses, so asking creates nothing the sessions would not.
+    """
+    driver = _cuda_driver()
+    if driver is None:
+        return 0
+    device, context = ctypes.c_int(), ctypes.c_void_p()
+    free, total = ctypes.c_size_t(), ctypes.c_size_t()
+    try:
+        if driver.cuDeviceGet(ctypes.byref(device), device_id) or driver.cuDevicePrimaryCtxRetain(
+            ctypes.byref(context), device
+        ):
+            return 0
+        try:
+            if driver.cuCtxPushCurrent_v2(context):
+                return 0
+            try:
+                if driver.cuMemGetInfo_v2(ctypes.byref(free), ctypes.byref(total)):
+                    return 0
+            finally:
+                driver.cuCtxPopCurrent_v2(ctypes.byref(ctypes.c_void_p()))
+        finally:
+            driver.cuDevicePrimaryCtxRelease_v2(device)
+    except AttributeError:
+        return 0
+    return int(free.value)
 
 
 def session_options(intra_op_threads: int | None, spinning: bool) -> ort.SessionOptions:
