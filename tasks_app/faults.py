@@ -8,16 +8,24 @@ SQLite's write lock, or the task row's lock on PostgreSQL), and
 ``tasks_recover`` (a page of recovery, before its commit). The test sends
 SIGCONT, or SIGKILL to see what a crash there leaves. Unset (always, outside
 tests), :data:`ARMED` is False and a fault point costs one attribute read.
+
+``LMSP_FAULT_MODEL_CALL_SECONDS=<s>`` makes every model call of a generation
+wait that long first, as a slow device would (:func:`slowed`): a test that
+must see a worker commit between tokens gets that on any machine, where a
+fast one would otherwise make the whole generation before the first commit.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import time
+from collections.abc import Callable
 
 _point, _, _nth = os.environ.get("LMSP_FAULT_FREEZE", "").partition("@")
 ARMED = bool(_point)
 _remaining = int(_nth or 1)
+MODEL_CALL_SECONDS = float(os.environ.get("LMSP_FAULT_MODEL_CALL_SECONDS") or 0)
 
 
 def freeze_point(name: str) -> None:
@@ -28,3 +36,15 @@ def freeze_point(name: str) -> None:
     _remaining -= 1
     if _remaining == 0:
         os.kill(os.getpid(), signal.SIGSTOP)
+
+
+def slowed(should_stop: Callable[[], bool]) -> Callable[[], bool]:
+    """``should_stop`` (asked before every model call), made to wait ``MODEL_CALL_SECONDS`` first when armed."""
+    if not MODEL_CALL_SECONDS:
+        return should_stop
+
+    def slow_should_stop() -> bool:
+        time.sleep(MODEL_CALL_SECONDS)
+        return should_stop()
+
+    return slow_should_stop

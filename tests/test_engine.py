@@ -410,13 +410,25 @@ def test_a_drain_ends_running_rows_interrupted_and_refuses_new_ones(loaded: Call
     engine = fresh_engine(model)
     try:
         long = SamplingParams(temperature=0, max_output_tokens=250)
-        generation = model.generate(list(range(3, 13)), long, should_stop=never)
+        drained = threading.Event()
+        rows: list[Any] = []
+
+        def held_until_drained() -> bool:
+            # Once it has its first token, the row waits for the drain: on a fast machine it would
+            # otherwise reach its end of sequence before the test thread, woken by the first chunk, drains.
+            if rows and rows[0].output_tokens:
+                drained.wait(timeout=10)
+            return False
+
+        generation = model.generate(list(range(3, 13)), long, should_stop=held_until_drained)
+        rows.append(generation)
         stream = engine.submit(generation)
         chunks = []
         for chunk in stream:
             chunks.append(chunk)
             if len(chunks) == 1:
                 engine.drain(grace_seconds=0)
+                drained.set()
         assert chunks[-1].final and chunks[-1].interrupted
         assert generation.finish_reason is None and generation.output_tokens < 250
         late = model.generate(list(range(3, 13)), SamplingParams(temperature=0), should_stop=never)

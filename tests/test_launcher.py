@@ -332,8 +332,13 @@ def assert_prefixed_logs(log: str) -> None:
     assert any("web.1 started" in line for line in process_lines(log, "system")), log[-4000:]
 
 
+# Set before a start: each model call waits 2 ms (tasks_app.faults), so 8,000 tokens take at least
+# 16 s and a long task is still generating when the test looks, however fast the machine.
+SLOW_DEVICE = {"LMSP_FAULT_MODEL_CALL_SECONDS": "0.002"}
+
+
 def start_long_task(launcher: Launcher, policy: str) -> str:
-    """A task that is generating when the test stops the launcher (8,000 tokens take seconds)."""
+    """A task that is generating when the test stops the launcher (started with ``SLOW_DEVICE``)."""
     task_id = launcher.create(tokens=8000, policy=policy)
     task = launcher.wait_for(task_id, {"running"} | FINISHED)
     assert task["status"] == "running", task
@@ -361,6 +366,7 @@ def test_quickstart_serves_a_task_and_ctrl_c_stops_everything_with_its_own_redis
     # Nothing answers on this port: the launcher starts a redis-server of its own.
     redis_port = free_port()
     launcher.env["REDIS_URL"] = f"redis://127.0.0.1:{redis_port}/0"
+    launcher.env.update(SLOW_DEVICE)
     launcher.start()
     assert "ensure-redis: started redis-server" in launcher.log()
     # The demo model was missing: the launcher built and registered it.
@@ -397,6 +403,7 @@ def test_quickstart_serves_a_task_and_ctrl_c_stops_everything_with_its_own_redis
 
 def test_quickstart_stops_on_sigterm_and_the_next_start_reruns_the_interrupted_task(launcher: Launcher):
     redis_port = _redis_port(launcher.env["REDIS_URL"])
+    launcher.env.update(SLOW_DEVICE)
     launcher.start()
     assert "ensure-redis: started" not in launcher.log()
     serve_one_task(launcher)
@@ -418,6 +425,8 @@ def test_quickstart_stops_on_sigterm_and_the_next_start_reruns_the_interrupted_t
         "on_restart=retry: it is queued again and runs anew at the next start (or on another running worker)",
     )
 
+    for name in SLOW_DEVICE:
+        del launcher.env[name]  # the rerun goes at full speed
     launcher.start()
     assert launcher.token == first_token  # the client of the first start is still good
     task = launcher.wait_for(long_task, FINISHED)
@@ -476,6 +485,7 @@ def test_a_background_quickstart_stops_on_sigint_by_pid_and_manage_py_elsewhere_
 ):
     # `scripts/quickstart &` from a script: SIGINT ignored on entry; with a Redis of its own.
     launcher.env["REDIS_URL"] = f"redis://127.0.0.1:{free_port()}/0"
+    launcher.env.update(SLOW_DEVICE)
     launcher.start(sigint_ignored=True)
     long_task = start_long_task(launcher, "resume")
 

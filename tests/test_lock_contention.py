@@ -28,6 +28,7 @@ from tasks_app.services.retention import retention_cleanup
 from tasks_app.services.tasks import task_create
 from tasks_app.states import TaskStatus
 from tests.support.db import database_url, raw_connection
+from tests.support.demo import ENDLESS_MODEL, ENDLESS_TAG
 from tests.support.namespace import REDIS_PREFIX
 from tests.support.server import uvicorn_process
 from tests.support.sse import call_with_headers
@@ -39,10 +40,13 @@ WORKER = "test@host/1"
 
 
 @pytest.fixture
-def lab_env(transactional_db, demo_models_root: Path, tmp_path: Path, settings) -> dict[str, str]:
+def lab_env(
+    transactional_db, demo_models_root: Path, endless_model_dir: Path, tmp_path: Path, settings
+) -> dict[str, str]:
     """Models and a queue of the test's own; the environment of its web and worker processes."""
     models = tmp_path / "models"
     shutil.copytree(demo_models_root / "demo", models / "demo")
+    shutil.copytree(endless_model_dir, models / "demo" / ENDLESS_TAG)
     settings.LMSP_MODELS_DIR = models
     model_scan(models_dir=models)
     queue = f"{REDIS_PREFIX}-{tmp_path.name}"
@@ -130,7 +134,9 @@ def test_a_worker_frozen_between_commits_past_the_timeout_is_reaped_and_its_late
     """The issue's case: a `fail` task whose worker froze longer than the heartbeat timeout ends
     `failed` by the reaper, and the worker, when it thaws, can no longer write to it."""
     client, _ = make_client("alice")
-    long_body = {**BODY["input"], "max_output_tokens": 4000}
+    # The endless model: a demo generation can end by itself while the worker runs between two stops,
+    # and a task that succeeded is never reaped.
+    long_body = {**BODY["input"], "model": ENDLESS_MODEL, "max_output_tokens": 4000}
     with celery_worker(env=lab_env, queue=lab_env["LMSP_TASK_QUEUE"], log_path=tmp_path / "worker.log") as worker:
         task = task_create(client=client, request=long_body, on_restart="fail", idempotency_key=None, request_hash=None)
         task_id = task.body["id"]
@@ -139,12 +145,16 @@ def test_a_worker_frozen_between_commits_past_the_timeout_is_reaped_and_its_late
         try:
             _wait_stale(task_id, seconds=2)
             # A stop that landed inside a commit holds the lock: let it finish that one commit and stop again.
-            while not abandoned_tasks_reap(timeout_seconds=2).moved:
+            for _ in range(30):
+                if abandoned_tasks_reap(timeout_seconds=2).moved:
+                    break
                 os.kill(pid, signal.SIGCONT)
                 time.sleep(0.01)
                 os.kill(pid, signal.SIGSTOP)
                 wait_until(lambda: process_stopped(pid), what="the worker did not stop")
                 _wait_stale(task_id, seconds=2)
+            else:
+                pytest.fail(f"the reaper never moved the frozen task: {Task.objects.get(pk=task_id).status}")
         finally:
             os.kill(pid, signal.SIGCONT)
         worker.wait_for_log(f"task {task_id} left to failed by another writer")

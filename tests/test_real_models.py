@@ -229,7 +229,9 @@ def test_a_killed_generation_resumes_token_for_token(
     assert reply.status_code == 202, reply.content
     task_id = reply.json()["id"]
     # Frozen inside its third batch commit, then killed: that batch never lands.
-    crashing = {**env, "LMSP_FAULT_FREEZE": "task_progress@3"}
+    # Each model call slowed down: a fast machine would otherwise make all the tokens before the
+    # worker's first commit, and the task would end in one batch, never frozen.
+    crashing = {**env, "LMSP_FAULT_FREEZE": "task_progress@3", "LMSP_FAULT_MODEL_CALL_SECONDS": "0.02"}
     with celery_worker(env=crashing, queue=queue, log_path=tmp_path / "crashing.log", name="crashing") as worker:
         held = wait_until(
             lambda: Task.objects.filter(pk=task_id, status=TaskStatus.RUNNING).exclude(worker="").first(),

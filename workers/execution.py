@@ -36,7 +36,7 @@ from typing import Any
 from django.conf import settings
 from django.db import close_old_connections, connection
 
-from tasks_app import broker, lifecycle, states
+from tasks_app import broker, faults, lifecycle, states
 from tasks_app.exceptions import (
     BackendError,
     DatabaseBusy,
@@ -346,7 +346,7 @@ def _resume_generation(
             "text": text,
         }
         params = SamplingParams.from_request(request)
-        run.generation = model.resume(backend_state, params, should_stop=cancelled.is_set)
+        run.generation = model.resume(backend_state, params, should_stop=faults.slowed(cancelled.is_set))
         logger.info(
             "task %s resumed after %d output tokens, seed %d",
             run.task_id,
@@ -367,7 +367,7 @@ def _submit(run: _Run, model: LoadedModel) -> RowStream:
 def _generate(run: _Run, model: LoadedModel, request: Mapping[str, Any], cancelled: threading.Event) -> str:
     params = SamplingParams.from_request(request)
     prompt_ids = model.prompt_ids(request)
-    run.generation = model.generate(prompt_ids, params, should_stop=cancelled.is_set)
+    run.generation = model.generate(prompt_ids, params, should_stop=faults.slowed(cancelled.is_set))
     # Taken before the engine has the generation; the prefill then overlaps the start's commit.
     first = run.snapshot()
     stream = _submit(run, model)
