@@ -107,7 +107,7 @@ def http_limits() -> HttpLimits:
 
 def problem_answer(error: LmspError, default_headers: list[tuple[bytes, bytes]]) -> bytes:
     """A complete HTTP/1.1 answer carrying ``error`` as a problem, for a connection about to close."""
-    body = json.dumps(error.to_problem(), separators=(",", ":")).encode()
+    body = json.dumps(error.to_http_problem(), separators=(",", ":")).encode()
     lines = [f"HTTP/1.1 {error.status} {http.HTTPStatus(error.status).phrase}".encode()]
     headers = [
         *default_headers,

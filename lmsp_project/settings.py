@@ -380,6 +380,34 @@ LMSP_STREAM_FEED_WINDOW = _env_int("LMSP_STREAM_FEED_WINDOW", 2048)
 LMSP_STREAM_DB_THREADS = _env_int("LMSP_STREAM_DB_THREADS", 4)
 # Lifetime of a browser's read-only stream token (?token=).
 LMSP_STREAM_TOKEN_SECONDS = _env_int("LMSP_STREAM_TOKEN_SECONDS", 300)
+# POST /responses/{id}/cancel of a running response waits up to this long for
+# the worker to finish the move, so the answer is the cancelled response.
+LMSP_RESPONSE_CANCEL_WAIT_SECONDS = float(os.environ.get("LMSP_RESPONSE_CANCEL_WAIT_SECONDS", "5"))
+
+# --- Webhooks (docs/webhooks.md) ---------------------------------------------
+# The deliverer (`manage.py lmsp_webhooks`, the Procfile's `webhooks`) reads
+# the outbox this often (one indexed query when nothing is due).
+LMSP_WEBHOOK_POLL_SECONDS = _env_float("LMSP_WEBHOOK_POLL_SECONDS", 1.0)
+# One attempt's socket timeout (connect, send, each read of the answer).
+LMSP_WEBHOOK_TIMEOUT_SECONDS = _env_float("LMSP_WEBHOOK_TIMEOUT_SECONDS", 10.0)
+# A failed attempt is retried after BASE * 2^(attempts-1) seconds, capped at
+# MAX, each shortened by up to a quarter at random (jitter), until
+# MAX_AGE_SECONDS after the event: then the delivery is given up (failed).
+LMSP_WEBHOOK_BACKOFF_BASE_SECONDS = _env_float("LMSP_WEBHOOK_BACKOFF_BASE_SECONDS", 5.0)
+LMSP_WEBHOOK_BACKOFF_MAX_SECONDS = _env_float("LMSP_WEBHOOK_BACKOFF_MAX_SECONDS", 3600.0)
+LMSP_WEBHOOK_MAX_AGE_SECONDS = _env_float("LMSP_WEBHOOK_MAX_AGE_SECONDS", 72 * 3600.0)
+# Deliveries one deliverer sends at once (one thread each), so that a slow
+# receiver holds up only its own.
+LMSP_WEBHOOK_CONCURRENCY = _env_int_at_least("LMSP_WEBHOOK_CONCURRENCY", 8, 1)
+# How long a claimed delivery is a deliverer's own; a deliverer that died
+# with it leaves it to another after this. Longer than an attempt can take.
+LMSP_WEBHOOK_LEASE_SECONDS = _env_float("LMSP_WEBHOOK_LEASE_SECONDS", 60.0)
+if LMSP_WEBHOOK_LEASE_SECONDS <= 3 * LMSP_WEBHOOK_TIMEOUT_SECONDS:
+    raise ImproperlyConfigured("LMSP_WEBHOOK_LEASE_SECONDS must be more than 3 x LMSP_WEBHOOK_TIMEOUT_SECONDS")
+# Targets on private, loopback, link-local, multicast, reserved or
+# unspecified addresses are refused (at registration and at every attempt)
+# unless this is set: a webhook must not reach into the service's own network.
+LMSP_WEBHOOK_ALLOW_PRIVATE_TARGETS = _env_bool("LMSP_WEBHOOK_ALLOW_PRIVATE_TARGETS", False)
 
 # --- Web serving (lmsp_project/asgi.py, docs/http.md) -------------------------
 # Threads of a web process that run the sync views (REST, admin, docs) through

@@ -47,6 +47,28 @@ class LmspError(Exception):
             body["errors"] = self.errors
         return body
 
+    def to_http_problem(self, instance: str | None = None) -> dict[str, Any]:
+        """The problem as an HTTP answer carries it: :meth:`to_problem` and its ``error`` member."""
+        return with_sdk_error(self.to_problem(instance))
+
+
+def with_sdk_error(problem: dict[str, Any]) -> dict[str, Any]:
+    """``problem`` with ``error``: the same problem in the member the ``openai`` package reads.
+
+    The package takes ``error`` as the exception's body and ``error.message``
+    as its text (``str(exc)``), and ``code``, ``param`` and ``type`` as its
+    attributes. Only HTTP answers carry it; a task's stored ``error`` stays
+    the plain problem.
+    """
+    errors = problem.get("errors") or []
+    problem["error"] = {
+        "message": f"{problem['code']}: {problem['detail']}",
+        "type": "server_error" if problem["status"] >= 500 else "invalid_request_error",
+        "param": errors[0]["field"] if errors else None,
+        "code": problem["code"],
+    }
+    return problem
+
 
 class InvalidRequest(LmspError):
     """Raised when a request is malformed or breaks a protocol rule."""
@@ -108,6 +130,12 @@ class ModelNotRegistered(NotFound):
     code, title = "model_not_found", "Model not found"
 
 
+class WebhookEndpointNotFound(NotFound):
+    """Raised when a webhook endpoint does not exist or belongs to another client."""
+
+    code, title = "webhook_endpoint_not_found", "Webhook endpoint not found"
+
+
 class MethodNotAllowed(LmspError):
     """Raised when a route exists but not for the request's method."""
 
@@ -124,6 +152,12 @@ class TaskNotCancelable(LmspError):
     """Raised when a cancel reaches a task that already succeeded or failed."""
 
     status, code, title = 409, "task_not_cancelable", "Task not cancelable"
+
+
+class ResponseNotFinished(LmspError):
+    """Raised when a response is deleted before its task ended (PROFILE.md section 9)."""
+
+    status, code, title = 409, "response_not_finished", "Response not finished"
 
 
 class IdempotencyKeyInUse(LmspError):

@@ -1,4 +1,4 @@
-"""Prefixed ULID identifiers (`task_`, `resp_`, `msg_`).
+"""Prefixed ULID identifiers (`task_`, `resp_`, `msg_`; webhooks: `whep_`, `whmsg_`, `evt_`).
 
 A ULID is 48 bits of milliseconds and 80 random bits in Crockford base32, so
 ids sort by creation time; ordering lists by id is ordering by age. Within one
@@ -21,6 +21,10 @@ _last_rand = 0
 TASK_PREFIX = "task_"
 RESPONSE_PREFIX = "resp_"
 MESSAGE_PREFIX = "msg_"
+WEBHOOK_ENDPOINT_PREFIX = "whep_"
+# A delivery's id is its `webhook-id` header: one per event and endpoint, the same on every attempt.
+WEBHOOK_DELIVERY_PREFIX = "whmsg_"
+WEBHOOK_EVENT_PREFIX = "evt_"
 
 
 def _encode(value: int, length: int) -> str:
@@ -58,6 +62,18 @@ def new_response_id() -> str:
 
 def new_message_id() -> str:
     return MESSAGE_PREFIX + new_ulid()
+
+
+def new_webhook_endpoint_id() -> str:
+    return WEBHOOK_ENDPOINT_PREFIX + new_ulid()
+
+
+def new_webhook_delivery_id() -> str:
+    return WEBHOOK_DELIVERY_PREFIX + new_ulid()
+
+
+def new_webhook_event_id() -> str:
+    return WEBHOOK_EVENT_PREFIX + new_ulid()
 
 
 def is_prefixed_ulid(value: str, prefix: str) -> bool:

@@ -46,6 +46,7 @@ from tasks_app.ids import new_response_id, new_task_id
 from tasks_app.models import Client, Response, Task, TaskEvent, TaskSnapshot, TaskType
 from tasks_app.notify import task_changed_on_commit, tasks_changed_on_commit
 from tasks_app.selectors import task_outputs_text
+from tasks_app.services.webhooks import TaskEnd, webhook_deliveries_enqueue
 from tasks_app.states import ResponseStatus, RestartPolicy, TaskStatus
 from tasks_app.wire import message_item
 
@@ -174,6 +175,10 @@ def _apply(task_id: str, write: _Write) -> TransitionResult:
                 specs.append(write.closing(response))
         rows = _events_insert(task, specs, now)
         _snapshots_keep(task, write, now)
+        if task.notify_webhooks and task.status in states.TERMINAL:
+            # The outbox rows commit with the task's end, or neither does (docs/webhooks.md).
+            end = TaskEnd(task.id, task.response_id, task.client_id, str(specs[-1].type))
+            webhook_deliveries_enqueue(ends=[end], now=now)
         task_changed_on_commit(task.id, task.status, task.last_sequence)
     return TransitionResult(won=True, task=task, events=tuple(rows))
 
@@ -239,11 +244,14 @@ def task_insert(
     model: str,
     on_restart: RestartPolicy = RestartPolicy.FAIL,
     metadata: Mapping[str, str] | None = None,
+    notify_webhooks: bool = False,
 ) -> Task:
     """Create a queued task, its response and event 0 (``response.created``).
 
     Runs in the caller's transaction when there is one, so that the caller can
-    commit the idempotency record with it.
+    commit the idempotency record with it. ``notify_webhooks``: the task's end
+    is delivered to its client's webhook endpoints (not for a response whose
+    caller waits on the connection).
     """
     now = timezone.now()
     # No savepoint: inside a caller's transaction a failure here must undo
@@ -267,6 +275,7 @@ def task_insert(
             on_restart=on_restart,
             response=response,
             last_sequence=0,
+            notify_webhooks=notify_webhooks,
             created_at=now,
             updated_at=now,
         )
@@ -515,7 +524,16 @@ def tasks_recover(*, moves: Sequence[RecoveryMove]) -> RecoveryBatch:
     )
 
 
-_RECOVERY_FIELDS = ("id", "status", "worker", "heartbeat_at", "last_sequence", "response_id")
+_RECOVERY_FIELDS = (
+    "id",
+    "status",
+    "worker",
+    "heartbeat_at",
+    "last_sequence",
+    "response_id",
+    "client_id",
+    "notify_webhooks",
+)
 
 
 def _recovery_rows_lock(task_ids: list[str]) -> dict[str, dict[str, Any]]:
@@ -616,10 +634,17 @@ def _recovery_end(moves: Sequence[RecoveryMove], rows: Mapping[str, Mapping[str,
         ended.append(response)
     for columns, ids in groups.values():
         Response.objects.filter(pk__in=ids).update(**columns)
+    finals = [(move, events.finished(response)) for move, response in zip(moves, ended, strict=True)]
     TaskEvent.objects.bulk_create(
-        _event_row(move.task_id, rows[move.task_id]["last_sequence"] + 1, events.finished(response), now)
-        for move, response in zip(moves, ended, strict=True)
+        _event_row(move.task_id, rows[move.task_id]["last_sequence"] + 1, event, now) for move, event in finals
     )
+    # The page's outbox rows, in the same transaction: one query for all its clients' endpoints.
+    notified = [
+        TaskEnd(move.task_id, row["response_id"], row["client_id"], str(event.type))
+        for move, event in finals
+        if (row := rows[move.task_id])["notify_webhooks"]
+    ]
+    webhook_deliveries_enqueue(ends=notified, now=now)
 
 
 def _event_row(task_id: str, sequence: int, event: Event, now: datetime) -> TaskEvent:

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from django.db.models import Q, QuerySet
+from django.db.models import Count, Q, QuerySet
 
 from tasks_app import events, states
 from tasks_app.events import EventType
@@ -21,6 +21,7 @@ from tasks_app.exceptions import (
 from tasks_app.models import Client, ModelRecord, Response, Task, TaskEvent, TaskSnapshot
 from tasks_app.querying import status_in
 from tasks_app.states import TaskStatus
+from tasks_app.wire import Live, message_item
 
 if TYPE_CHECKING:
     from tasks_app.auth import StreamReader
@@ -49,6 +50,63 @@ def response_get_visible(*, client: Client, response_id: str) -> Response:
     if response is None:
         raise ResponseNotFound(f"No response with id {response_id!r}")
     return response
+
+
+@dataclass(frozen=True)
+class ResponseRead:
+    """A response as a read shows it: the row, and what is live about it (``wire.Live``)."""
+
+    response: Response
+    live: Live
+
+
+def response_read_visible(*, client: Client, response_id: str) -> ResponseRead:
+    """The response with its place in the line (queued) or its output so far (running); else 404.
+
+    One query for the response and its task, then one count on the index of
+    unfinished tasks (queued), or two reads of the event log (running).
+    """
+    qs = Response.objects.select_related("task").filter(pk=response_id)
+    if not _sees_all(client):
+        qs = qs.filter(client=client)
+    response = qs.first()
+    if response is None:
+        raise ResponseNotFound(f"No response with id {response_id!r}")
+    return ResponseRead(response, response_live(response=response))
+
+
+def response_read(*, response_id: str) -> ResponseRead:
+    """:func:`response_read_visible` of a response the caller was already allowed to see."""
+    response = Response.objects.select_related("task").get(pk=response_id)
+    return ResponseRead(response, response_live(response=response))
+
+
+def response_live(*, response: Response) -> Live:
+    """What a read shows of ``response`` beyond its row (``response.task`` loaded)."""
+    task = response.task
+    if task.status == TaskStatus.QUEUED:
+        return Live(queue_position=task_queue_positions(task_ids=[task.id]).get(task.id))
+    if task.status in states.MAY_HAVE_OUTPUT:
+        item_id, text = task_output_text(task_id=task.id)
+        return Live(output=[message_item(item_id, text, "in_progress")] if item_id else [])
+    return Live()
+
+
+def task_queue_positions(*, task_ids: Sequence[str]) -> dict[str, int]:
+    """Each task's place in the line of queued tasks (1 = next to start), in one query.
+
+    The line is the order of acceptance (ids are ULIDs), which is the order
+    tasks are dispatched in. Counted over the partial index of unfinished
+    tasks, up to the last of ``task_ids``: the cost grows with the line
+    ahead (bounded by ``LMSP_MAX_QUEUED_TASKS``), not with every task kept.
+    Ids of tasks no longer queued get the place they would have had.
+    """
+    if not task_ids:
+        return {}
+    ordered = sorted(set(task_ids))
+    ahead = {f"ahead_{index}": Count("id", filter=Q(id__lt=task_id)) for index, task_id in enumerate(ordered)}
+    counts = Task.objects.filter(status_in([TaskStatus.QUEUED]), id__lt=ordered[-1]).aggregate(**ahead)
+    return {task_id: counts[f"ahead_{index}"] + 1 for index, task_id in enumerate(ordered)}
 
 
 def task_get_streamable(*, reader: StreamReader, task_id: str | None = None, response_id: str | None = None) -> Task:

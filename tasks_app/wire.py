@@ -6,6 +6,7 @@ response object), so they live here rather than in an API serializer.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -20,16 +21,35 @@ def unix_seconds(value: datetime) -> int:
     return int(value.timestamp())
 
 
-def response_object(response: Response) -> dict[str, Any]:
-    """The response object of PROFILE.md section 3, keys in spec order."""
+@dataclass(frozen=True)
+class Live:
+    """What a read of a response adds to its stored row: its place in the line, and its output so far.
+
+    Events never carry it: they record a moment, and a place in the line is
+    only true when it is read.
+    """
+
+    queue_position: int | None = None
+    """1 = next to start; None unless the task is queued."""
+    output: list[dict[str, Any]] | None = None
+    """The committed text of a response still running; None: the row's own output."""
+
+
+def response_object(response: Response, live: Live | None = None) -> dict[str, Any]:
+    """The response object of PROFILE.md section 3, keys in spec order, then the extensions.
+
+    With ``live`` (an API read) it shows the output committed so far and
+    ``queue_position``; without (an event's copy) the row as it is.
+    """
     request = response.request
-    return {
+    output = live.output if live is not None and live.output is not None else response.output
+    body = {
         "id": response.id,
         "object": "response",
         "created_at": unix_seconds(response.created_at),
         "status": response.status,
         "model": response.model,
-        "output": response.output,
+        "output": output,
         "usage": response.usage,
         "error": response.error,
         "incomplete_details": response.incomplete_details,
@@ -42,7 +62,12 @@ def response_object(response: Response) -> dict[str, Any]:
         "min_p": request.get("min_p"),
         "repetition_penalty": request.get("repetition_penalty"),
         "metadata": response.metadata,
+        # Extension (PROFILE.md section 9): OpenAI's background mode.
+        "background": bool(request.get("background", False)),
     }
+    if live is not None:
+        body["queue_position"] = live.queue_position
+    return body
 
 
 def usage_object(input_tokens: int, output_tokens: int) -> dict[str, int]:
@@ -64,11 +89,12 @@ def events_url(task_id: str) -> str:
     return f"/lmsp/v1/tasks/{task_id}/events"
 
 
-def task_object(task: Task) -> dict[str, Any]:
-    """The task object of chapter 7.1, field for field.
+def task_object(task: Task, queue_position: int | None = None) -> dict[str, Any]:
+    """The task object of chapter 7.1, field for field, and ``queue_position`` (PROFILE.md section 9).
 
     ``task.response`` must be loaded (``select_related``) when the task
-    succeeded, or this costs a query.
+    succeeded, or this costs a query. ``queue_position`` is the caller's
+    reading of the line (``selectors.task_queue_positions``), for a queued task.
     """
     return {
         "id": task.id,
@@ -80,6 +106,7 @@ def task_object(task: Task) -> dict[str, Any]:
         "response_id": task.response_id,
         "events_url": events_url(task.id),
         "on_restart": task.on_restart,
-        "response": response_object(task.response) if task.status == TaskStatus.SUCCEEDED else None,
+        "response": response_object(task.response, Live()) if task.status == TaskStatus.SUCCEEDED else None,
         "error": task.error if task.status == TaskStatus.FAILED else None,
+        "queue_position": queue_position if task.status == TaskStatus.QUEUED else None,
     }

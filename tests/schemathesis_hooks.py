@@ -45,6 +45,12 @@ SPEC_REFUSALS = [
         for operation in STREAMS
         for cursor in ("starting_after", "Last-Event-ID")
     ),
+    # A webhook URL whose host resolves to a private, loopback, ... address, or with a port out of
+    # range (docs/webhooks.md): the schema cannot state what an address is.
+    *(
+        (operation, 400, "invalid_request", {"url": "not an allowed target"})
+        for operation in ("POST /lmsp/v1/webhook_endpoints", "POST /lmsp/v1/webhook_endpoints/{webhook_endpoint_id}")
+    ),
     # `on_restart: retry` needs an Idempotency-Key (PROFILE.md 0): a header the body decides about.
     ("POST /lmsp/v1/tasks", 400, "invalid_request", {"Idempotency-Key": "required when on_restart is 'retry'"}),
     # One key with another body (PROFILE.md 5): generated keys repeat across generated bodies.

@@ -237,10 +237,11 @@ def test_other_clients_task_looks_like_a_missing_one(other_api, alice_task):
     missing_id = "task_01ARZ3NDEKTSV4RRFFQ69G5FAV"
     foreign = other_api.get(f"/lmsp/v1/tasks/{alice_task['id']}").json()
     missing = assert_problem(other_api.get(f"/lmsp/v1/tasks/{missing_id}"), 404, "task_not_found")
-    assert {k: v for k, v in foreign.items() if k not in ("detail", "instance")} == {
-        k: v for k, v in missing.items() if k not in ("detail", "instance")
+    assert {k: v for k, v in foreign.items() if k not in ("detail", "instance", "error")} == {
+        k: v for k, v in missing.items() if k not in ("detail", "instance", "error")
     }
     assert foreign["detail"].replace(alice_task["id"], missing_id) == missing["detail"]
+    assert foreign["error"]["message"].replace(alice_task["id"], missing_id) == missing["error"]["message"]
 
 
 def test_other_clients_task_cannot_be_cancelled(other_api, alice_task):

@@ -32,6 +32,8 @@ TASK_FIELDS = [
     "on_restart",
     "response",
     "error",
+    # Extension (PROFILE.md section 9): the place in the line while queued.
+    "queue_position",
 ]
 
 
@@ -54,6 +56,7 @@ def test_create_answers_202_with_the_task_object(api):
     assert body["created_at"] == body["updated_at"]
     assert body["on_restart"] == "fail"
     assert body["response"] is None and body["error"] is None
+    assert body["queue_position"] == 1
     assert reply["Location"] == f"/lmsp/v1/tasks/{body['id']}"
 
     task = Task.objects.select_related("response").get(pk=body["id"])
@@ -277,11 +280,15 @@ def test_list_query_count_does_not_grow_with_the_page(api, django_assert_max_num
     done = Task.objects.order_by("id")[:2]
     for task in done:
         advance(task.id, S.LOADING, S.RUNNING, S.SUCCEEDED)
-    # auth lookup, the page, the succeeded tasks' responses in one query; the
-    # last-used write is rate-limited.
-    with django_assert_max_num_queries(3):
+    # auth lookup, the page, the succeeded tasks' responses in one query, the queued ones'
+    # places in the line in one count; the last-used write is rate-limited.
+    with django_assert_max_num_queries(4):
         page = api.get("/lmsp/v1/tasks", limit=30).json()["data"]
     assert len(page) == 30
+    queued = sorted(t["id"] for t in page if t["status"] == "queued")
+    assert [t["queue_position"] for t in sorted(page, key=lambda t: t["id"]) if t["id"] in queued] == list(
+        range(1, 29)
+    )
     shown = {t["id"]: t["response"] for t in page if t["status"] == "succeeded"}
     assert set(shown) == {t.id for t in done}
     assert all(r is not None and r["status"] == "completed" for r in shown.values())

@@ -43,6 +43,7 @@ PROBLEM = "application/problem+json"
 EVENT_STREAM = "text/event-stream"
 UNKNOWN_TASK = "task_01ARZ3NDEKTSV4RRFFQ69G5FAV"
 UNKNOWN_RESPONSE = "resp_01ARZ3NDEKTSV4RRFFQ69G5FAV"
+UNKNOWN_WEBHOOK_ENDPOINT = "whep_01ARZ3NDEKTSV4RRFFQ69G5FAV"
 UNKNOWN_TOKEN = "lmsp_" + "B" * 43
 TERMINAL = {"succeeded", "failed", "cancelled"}
 # Response headers whose presence the schema must announce when an answer carries them.
@@ -130,8 +131,16 @@ def api_routes() -> Iterator[tuple[str, str | None]]:
     return walk(get_resolver().url_patterns, "")
 
 
-def fill(path: str, task_id: str = UNKNOWN_TASK, response_id: str = UNKNOWN_RESPONSE, model_id: str = "demo") -> str:
-    return path.format(task_id=task_id, response_id=response_id, model_id=model_id)
+def fill(
+    path: str,
+    task_id: str = UNKNOWN_TASK,
+    response_id: str = UNKNOWN_RESPONSE,
+    model_id: str = "demo",
+    webhook_endpoint_id: str = UNKNOWN_WEBHOOK_ENDPOINT,
+) -> str:
+    return path.format(
+        task_id=task_id, response_id=response_id, model_id=model_id, webhook_endpoint_id=webhook_endpoint_id
+    )
 
 
 def test_the_schema_has_every_route_and_method_the_api_serves_and_no_other(db, spec):
@@ -384,7 +393,7 @@ class Caller:
             sent["Authorization"] = f"Bearer {token}"
         data = raw if raw is not None else ("" if body is None else json.dumps(body))
         reply = self.http.generic(
-            "DELETE" if method == "*" else method, url or fill(path), data, content_type=content_type, headers=sent
+            "PATCH" if method == "*" else method, url or fill(path), data, content_type=content_type, headers=sent
         )
         # An event stream is read from the live server; through the test client it would never end.
         assert not reply.streaming, f"{method} {url or path} streamed through the test client"
@@ -529,6 +538,27 @@ def test_every_answer_is_documented_and_every_documented_answer_happens(
         call.here("POST", cancel_path, url=fill(cancel_path, record.task_id), token=api.token)
         assert first.result().status == 200
 
+    # Background responses (PROFILE.md section 9): answered queued; cancel twice; delete; what cannot be.
+    response_cancel = f"{response_path}/cancel"
+    background = {"model": ENDLESS_MODEL, "input": "A long story", "max_output_tokens": 8000, "background": True}
+    queued = call.here("POST", responses, token=api.token, body=background)
+    running_id = json.loads(queued.body)["id"]
+    wait_until(lambda: Task.objects.filter(response_id=running_id, status="running").exists(), what="never ran")
+    call.here("DELETE", response_path, url=fill(response_path, response_id=running_id), token=api.token)
+    call.here("POST", response_cancel, url=fill(response_cancel, response_id=running_id), token=api.token)
+    call.here("POST", response_cancel, url=fill(response_cancel, response_id=running_id), token=api.token)
+    call.here("POST", response_cancel, url=f"{stored_url}/cancel", token=api.token)
+    call.here("POST", response_cancel, url=f"{stored_url}/cancel", token=api.token, raw=big)
+    call.here("POST", response_cancel, url=fill(response_cancel, response_id="resp_nope"), token=api.token)
+    call.here("DELETE", response_path, url=fill(response_path, response_id=running_id), token=api.token)
+    call.here("DELETE", response_path, url=fill(response_path, response_id=running_id), token=api.token)
+    call.here("POST", responses, token=api.token, body={**background, "store": False})
+    ModelRecord.objects.filter(pk=demo.pk).update(capabilities={**capabilities, "resumable_snapshots": False})
+    try:
+        call.here("POST", responses, token=api.token, body={**request, "model": "demo", "on_restart": "resume"})
+    finally:
+        ModelRecord.objects.filter(pk=demo.pk).update(capabilities=capabilities)
+
     # POST /pair: a real code, then bad ones until the rate limit answers.
     _, code = pairing_code_create(scopes="read")
     call.here("POST", pair, body={"code": code, "client_name": "phone"})
@@ -541,13 +571,46 @@ def test_every_answer_is_documented_and_every_documented_answer_happens(
     with override_settings(REDIS_URL=f"redis://127.0.0.1:{free_port()}/0"):
         call.here("POST", pair, body={"code": code, "client_name": "tablet"})
 
+    # Webhook endpoints (docs/webhooks.md): each operation's answer, its refusals and an unknown id.
+    hooks, hook_path = f"{API}webhook_endpoints", f"{API}webhook_endpoints/{{webhook_endpoint_id}}"
+    rotate_path = f"{hook_path}/rotate_secret"
+    hook_body = {"name": "n", "url": "https://hooks.example.invalid/x", "event_types": ["response.completed"]}
+    hook_id = json.loads(call.here("POST", hooks, token=api.token, body=hook_body).body)["id"]
+    hook_url = fill(hook_path, webhook_endpoint_id=hook_id)
+    call.here("POST", hooks, token=api.token, body={**hook_body, "url": "http://127.0.0.1/x"})
+    call.here("POST", hooks, token=api.token, raw="hello", content_type="text/plain")
+    call.here("POST", hooks, token=api.token, raw=big)
+    call.here("GET", hooks, token=api.token)
+    call.here("GET", hooks, url=f"{hooks}?limit=0", token=api.token)
+    for method, path, url, sent in [
+        ("GET", hook_path, hook_url, None),
+        ("POST", hook_path, hook_url, {"name": "renamed"}),
+        ("POST", rotate_path, f"{hook_url}/rotate_secret", {}),
+    ]:
+        call.here(method, path, url=url, token=api.token, body=sent)
+        call.here(method, path, token=api.token, body=sent)
+        if method == "POST":
+            call.here(method, path, url=url, token=api.token, body={"undeclared": 1})
+            call.here(method, path, url=url, token=api.token, raw="hello", content_type="text/plain")
+            call.here(method, path, url=url, token=api.token, raw=big)
+    call.here("DELETE", hook_path, token=api.token)
+
     # A writer frozen with the database's lock (a stopped process): every write waits its bounded time,
     # answers 503 service_unavailable with Retry-After, and writes nothing.
     waiting_task = lifecycle.task_insert(client=api.client, request=body["input"], model="demo")
     with database_write_locked(), lock_wait(0.2):
+        call.here("POST", hooks, token=api.token, body=hook_body)
+        call.here("POST", hook_path, url=hook_url, token=api.token, body={"name": "locked"})
+        call.here("POST", rotate_path, url=f"{hook_url}/rotate_secret", token=api.token, body={})
+        call.here("DELETE", hook_path, url=hook_url, token=api.token)
         call.here("POST", tasks, token=api.token, body=body)
         call.here("POST", cancel_path, url=fill(cancel_path, waiting_task.id), token=api.token)
         call.here("POST", responses, token=api.token, body={**request, "stream": False})
+        waiting_cancel = fill(response_cancel, response_id=waiting_task.response_id)
+        call.here("POST", response_cancel, url=waiting_cancel, token=api.token)
+        call.here("DELETE", response_path, url=stored_url, token=api.token)
+
+    call.here("DELETE", hook_path, url=hook_url, token=api.token)
 
     # Retention removes the finished tasks' events: every way to read them is 410 now.
     settings.LMSP_EVENT_RETENTION_SECONDS = 0

@@ -22,7 +22,7 @@ import pytest
 from django.db import connection, transaction
 from django.utils import timezone
 
-from tasks_app import lifecycle, states
+from tasks_app import lifecycle, selectors, states
 from tasks_app.exceptions import QueueFull, ServerRestarted
 from tasks_app.models import Task
 from tasks_app.notify import key, redis_client
@@ -109,7 +109,7 @@ def test_the_queue_limit_counts_only_queued_tasks_through_the_active_index(make_
 
     # Two queued: room for one more, whatever the other tasks are.
     with statements() as captured, transaction.atomic():
-        accepted = task_accept(client=client, request=request, on_restart=RestartPolicy.FAIL)
+        accepted = task_accept(client=client, request=request, on_restart=RestartPolicy.FAIL).task
     assert Task.objects.get(pk=accepted.id).status == S.QUEUED
     with pytest.raises(QueueFull), transaction.atomic():
         task_accept(client=client, request=request, on_restart=RestartPolicy.FAIL)
@@ -199,3 +199,17 @@ def test_a_status_filter_takes_only_task_statuses_and_matches_status_in(make_tas
     for bad in (["queued') OR 1=1 --"], ["QUEUED"], []):
         with pytest.raises(ValueError):
             status_in(bad)
+
+
+def test_a_queue_position_counts_the_line_ahead_through_the_active_index(make_task):
+    for status in (S.QUEUED, S.RUNNING, S.SUCCEEDED, S.QUEUED, S.CANCELLED):
+        make_task(status)
+    last = make_task(S.QUEUED)
+    queued = list(Task.objects.filter(status=S.QUEUED).order_by("id").values_list("id", flat=True))
+
+    with statements() as captured:
+        positions = selectors.task_queue_positions(task_ids=queued)
+
+    assert positions == {task_id: place for place, task_id in enumerate(queued, start=1)}
+    assert positions[last] == 3
+    assert_read_through("task_active", tasks_selects(captured, "COUNT"))

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from django.contrib import admin
 
-from tasks_app.admin import client_admin, model_record_admin, record_admins, task_admin
+from tasks_app.admin import client_admin, model_record_admin, record_admins, task_admin, webhook_admin
 from tasks_app.admin.bounded_counts import BoundedCountAdmin, BoundedCountPaginator
 from tasks_app.admin.task_admin import TaskAdmin
 
@@ -31,6 +31,7 @@ __all__ = (
     "model_record_admin",
     "record_admins",
     "task_admin",
+    "webhook_admin",
 )
 
 admin.site.site_header = "LMSP service"

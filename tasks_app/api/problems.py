@@ -19,7 +19,7 @@ PROBLEM_CONTENT_TYPE = "application/problem+json"
 
 
 def problem_body(error: exc.LmspError, instance: str | None) -> dict[str, Any]:
-    return error.to_problem(instance)
+    return error.to_http_problem(instance)
 
 
 def problem_json_response(error: exc.LmspError, request: HttpRequest | None) -> JsonResponse:

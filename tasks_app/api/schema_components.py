@@ -15,6 +15,7 @@ from tasks_app.api.schema_annotations import EVENT_TYPES
 from tasks_app.api.schema_problems import problem_codes
 from tasks_app.api.serializers import MAX_METADATA_PAIRS
 from tasks_app.models import ModelLayout, TaskType
+from tasks_app.services.capabilities import EXTENSIONS
 from tasks_app.services.clients import SCOPES
 from tasks_app.states import ResponseStatus, RestartPolicy, TaskStatus
 
@@ -26,6 +27,16 @@ class ProblemFieldErrorSchema(serializers.Serializer):
         "or the query parameter or header at fault (`starting_after`, `Idempotency-Key`)."
     )
     message = serializers.CharField()
+
+
+@extend_schema_serializer(component_name="SdkError")
+class SdkErrorSchema(serializers.Serializer):
+    """The problem again, in the shape the ``openai`` package reads (its exception's text and attributes)."""
+
+    message = serializers.CharField(help_text="`code: detail`, what `str(exc)` of the openai package shows.")
+    type = serializers.ChoiceField(choices=["invalid_request_error", "server_error"])
+    param = serializers.CharField(allow_null=True, help_text="The first field of `errors`, or null.")
+    code = serializers.ChoiceField(choices=problem_codes())
 
 
 @extend_schema_serializer(component_name="Problem")
@@ -42,6 +53,11 @@ class ProblemSchema(serializers.Serializer):
     )
     errors = ProblemFieldErrorSchema(
         many=True, required=False, help_text="Validation errors, one per offending field (400 only)."
+    )
+    error = SdkErrorSchema(
+        required=False,
+        help_text="Extension: in every HTTP answer (absent in a task's or response's `error`), "
+        "for clients written against OpenAI's error shape.",
     )
 
 
@@ -97,6 +113,23 @@ class ResponseSchema(serializers.Serializer):
     min_p = serializers.FloatField(allow_null=True, help_text=_SAMPLING_ECHO)
     repetition_penalty = serializers.FloatField(allow_null=True, help_text=_SAMPLING_ECHO)
     metadata = serializers.DictField(child=serializers.CharField(), help_text=f"At most {MAX_METADATA_PAIRS} pairs.")
+    background = serializers.BooleanField(
+        help_text="Extension: created with `background: true` (answered at once, followed by reads or webhooks)."
+    )
+    queue_position = serializers.IntegerField(
+        allow_null=True,
+        required=False,
+        min_value=1,
+        help_text="Extension: the place in the line while `queued` (1 = next to start), else null. "
+        "In API answers only; the copies in events leave it out.",
+    )
+
+
+@extend_schema_serializer(component_name="DeletedResponse")
+class DeletedResponseSchema(serializers.Serializer):
+    id = serializers.CharField(help_text="`resp_` + ULID.")
+    object = serializers.ChoiceField(choices=["response"])
+    deleted = serializers.BooleanField()
 
 
 @extend_schema_serializer(component_name="Task")
@@ -114,6 +147,12 @@ class TaskSchema(serializers.Serializer):
     on_restart = serializers.ChoiceField(choices=RestartPolicy.values)
     response = ResponseSchema(allow_null=True, help_text="The response once `status` is `succeeded`, else null.")
     error = ProblemSchema(allow_null=True, help_text="Why the task failed once `status` is `failed`, else null.")
+    queue_position = serializers.IntegerField(
+        allow_null=True,
+        min_value=1,
+        help_text="Extension: the place in the line while `queued` (1 = next to start, in order of "
+        "acceptance), else null.",
+    )
 
 
 class _PageSchema(serializers.Serializer):
@@ -171,6 +210,10 @@ class CapabilitiesSchema(serializers.Serializer):
     pairing = serializers.BooleanField()
     scopes = serializers.ListField(child=serializers.ChoiceField(choices=SCOPES))
     max_request_bytes = serializers.IntegerField(help_text="Larger request bodies are refused with 413.")
+    extensions = serializers.ListField(
+        child=serializers.ChoiceField(choices=EXTENSIONS),
+        help_text="This service's extensions beyond LMSP 1.0 (docs/openai.md, docs/webhooks.md).",
+    )
 
 
 @extend_schema_serializer(component_name="StreamToken")

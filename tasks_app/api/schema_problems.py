@@ -84,7 +84,7 @@ def _example_instance(path: str) -> str:
 
 def _example(cls: type[exc.LmspError], path: str) -> dict[str, Any]:
     errors = [{"field": "input.model", "message": "This field is required."}] if cls is exc.InvalidRequest else None
-    return {"summary": cls.title, "value": cls(errors=errors).to_problem(_example_instance(path))}
+    return {"summary": cls.title, "value": cls(errors=errors).to_http_problem(_example_instance(path))}
 
 
 def problem_response(status: int, classes: Sequence[type[exc.LmspError]], path: str) -> dict[str, Any]:

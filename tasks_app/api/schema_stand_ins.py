@@ -27,8 +27,8 @@ from tasks_app.api.schema_annotations import (
     idempotent_replayed,
     operation,
 )
-from tasks_app.api.schema_components import ResponseSchema
-from tasks_app.api.serializers import ResponseRequestSerializer
+from tasks_app.api.schema_components import DeletedResponseSchema, ResponseSchema
+from tasks_app.api.serializers import ResponseCreateInputSerializer
 
 
 class TaskEventsOperations(APIView):
@@ -61,17 +61,23 @@ class ResponsesOperations(APIView):
 
     @operation(
         operation_id="responses_create",
-        summary="Create a response: wait for it, or stream its events",
-        description="The request becomes a task (policy `fail`, listed by `GET /tasks`). With `stream: false` "
-        "the call waits until the task ends and answers the response object, whatever its status "
-        "(`completed`, `incomplete`, `failed`, `cancelled`). With `stream: true` it answers the task's "
-        "events as `GET /tasks/{task_id}/events` does. A retry with the same `Idempotency-Key` never runs "
+        summary="Create a response: wait for it, stream its events, or (background) follow it later",
+        description="The request becomes a task (policy `on_restart`, default `fail`; listed by `GET /tasks`). "
+        "With `stream: false` the call waits until the task ends and answers the response object, whatever "
+        "its status (`completed`, `incomplete`, `failed`, `cancelled`). With `stream: true` it answers the "
+        "task's events as `GET /tasks/{task_id}/events` does. With `background: true` (extension, OpenAI's "
+        "background mode) and `stream: false` it answers at once with the response `queued` (and its "
+        "`queue_position`); `GET /responses/{id}` follows it, `POST /responses/{id}/cancel` cancels it, "
+        "and its end reaches the client's webhooks. A retry with the same `Idempotency-Key` never runs "
         "a second generation: it answers the stored response again, or streams the same task's events "
         "again, from `Last-Event-ID` / `starting_after` when given.",
         parameters=[IDEMPOTENCY_KEY, LAST_EVENT_ID, STARTING_AFTER, idempotent_replayed(200, 204)],
-        request=ResponseRequestSerializer,
+        request=ResponseCreateInputSerializer,
         responses={
-            (200, "application/json"): OpenApiResponse(ResponseSchema, description="`stream: false`."),
+            (200, "application/json"): OpenApiResponse(
+                ResponseSchema,
+                description="`stream: false`: the finished response, or (`background: true`) the response `queued`.",
+            ),
             (200, EVENT_STREAM_MEDIA_TYPE): EVENT_STREAM,
             204: OpenApiResponse(
                 description="`stream: true`, retried with its key and a cursor at the terminal event: "
@@ -80,6 +86,7 @@ class ResponsesOperations(APIView):
         },
         problems=[
             exc.InvalidRequest,
+            exc.UnsupportedCapability,
             exc.ModelNotFound,
             exc.IdempotencyKeyInUse,
             exc.EventHistoryExpired,
@@ -96,13 +103,14 @@ class ResponsesOperations(APIView):
 class ResponseDetailOperations(APIView):
     """``stream_views.response_detail`` (with ``views.ResponseDetailView``) as the schema shows it."""
 
-    scopes_by_method = {"GET": ("read",)}
+    scopes_by_method = {"GET": ("read",), "DELETE": ("responses",)}
     stream_readers = True
 
     @operation(
         operation_id="responses_retrieve",
         summary="Read a response, or (stream=true) stream its task's events",
-        description="The stored response object; with `stream=true` the events of the task that produces "
+        description="The response object, live: while it runs, its `status` and the output committed so far; "
+        "while queued, its `queue_position`. With `stream=true` the events of the task that produces "
         "it, resumable like `GET /tasks/{task_id}/events`. A stream token or a staff session is accepted "
         "only with `stream=true`.",
         parameters=[
@@ -127,11 +135,46 @@ class ResponseDetailOperations(APIView):
     def get(self, request: Any, response_id: str) -> None:
         """Schema only."""
 
+    @operation(
+        operation_id="responses_delete",
+        summary="Delete a finished response",
+        description="Extension: removes the response with its task and events (what the openai package's "
+        "`responses.delete` calls). A response that has not ended is `409`: cancel it first.",
+        parameters=[RESPONSE_ID],
+        request=None,
+        responses={200: DeletedResponseSchema},
+        problems=[exc.ResponseNotFound, exc.ResponseNotFinished, exc.DatabaseBusy],
+    )
+    def delete(self, request: Any, response_id: str) -> None:
+        """Schema only."""
+
+
+class ResponseCancelOperations(APIView):
+    """``stream_views.response_cancel`` (with ``views.ResponseCancelView``) as the schema shows it."""
+
+    scopes_by_method = {"POST": ("responses",)}
+
+    @operation(
+        operation_id="responses_cancel",
+        summary="Cancel a response",
+        description="Extension (OpenAI's `responses.cancel`): cancels the response's task through the "
+        "lifecycle. A queued one is `cancelled` at once; a running one stops within a decode step, and the "
+        "answer waits for that a few seconds (`LMSP_RESPONSE_CANCEL_WAIT_SECONDS`), so it usually shows "
+        "`cancelled`. A second cancel answers the cancelled response again; one that ended otherwise is `409`.",
+        parameters=[RESPONSE_ID],
+        request=None,
+        responses={200: ResponseSchema},
+        problems=[exc.ResponseNotFound, exc.TaskNotCancelable, exc.DatabaseBusy],
+    )
+    def post(self, request: Any, response_id: str) -> None:
+        """Schema only."""
+
 
 _STAND_INS: dict[Callable[..., Any], Callable[..., Any]] = {
     stream_views.task_events: TaskEventsOperations.as_view(),
     stream_views.responses_create: ResponsesOperations.as_view(),
     stream_views.response_detail: ResponseDetailOperations.as_view(),
+    stream_views.response_cancel: ResponseCancelOperations.as_view(),
 }
 
 

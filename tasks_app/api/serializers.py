@@ -297,6 +297,24 @@ class ResponseRequestSerializer(StrictSerializer):
     metadata = MetadataField(required=False, allow_null=True)
 
 
+class ResponseCreateInputSerializer(ResponseRequestSerializer):
+    """``POST /responses``: the response request and the background mode's fields (PROFILE.md section 9)."""
+
+    background = StrictBooleanField(
+        required=False,
+        default=False,
+        help_text="Extension of LMSP 1.0, as OpenAI's background mode: answer at once with the response "
+        "`queued`; it runs as a task (durable, recovered by `on_restart`) and `GET /responses/{id}` follows it.",
+    )
+    on_restart = StrictChoiceField(
+        choices=RestartPolicy.values,
+        required=False,
+        default=RestartPolicy.FAIL,
+        help_text="Extension: what a restart does to the response's task, as for `POST /tasks` (the openai "
+        "package sends it through `extra_body`); `retry` requires an `Idempotency-Key`.",
+    )
+
+
 class TaskCreateInputSerializer(StrictSerializer):
     """The task envelope of chapter 7.1."""
 
@@ -377,13 +395,17 @@ def _cursor_value(field: str, raw: str) -> int:
 
 
 class TaskOutputSerializer(serializers.BaseSerializer):
+    """A task; ``context["queue_positions"]`` holds the queued ones' places (``selectors.task_queue_positions``)."""
+
     def to_representation(self, instance: Any) -> dict[str, Any]:
-        return task_object(instance)
+        return task_object(instance, self.context.get("queue_positions", {}).get(instance.id))
 
 
 class ResponseOutputSerializer(serializers.BaseSerializer):
+    """A ``selectors.ResponseRead``: the row and what is live about it."""
+
     def to_representation(self, instance: Any) -> dict[str, Any]:
-        return response_object(instance)
+        return response_object(instance.response, instance.live)
 
 
 class ModelOutputSerializer(serializers.BaseSerializer):

@@ -14,8 +14,10 @@ created, so a refused request has written nothing.
 from __future__ import annotations
 
 import io
+import time
 
 from asgiref.sync import sync_to_async
+from django.conf import settings
 from django.db import connection
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.csrf import csrf_exempt
@@ -25,9 +27,9 @@ from rest_framework.renderers import JSONRenderer
 from tasks_app import selectors, states
 from tasks_app.api.parsers import StrictJSONParser
 from tasks_app.api.problems import problem_json_response
-from tasks_app.api.serializers import stream_cursor
+from tasks_app.api.serializers import ResponseOutputSerializer, stream_cursor
 from tasks_app.api.sse import StreamSlot, event_stream, stream_slot_take
-from tasks_app.api.views import ResponseCreateView, ResponseDetailView
+from tasks_app.api.views import ResponseCancelView, ResponseCreateView, ResponseDetailView
 from tasks_app.auth import BearerTokenAuthentication, StreamReader, stream_reader_authenticate
 from tasks_app.dbpool import run_db
 from tasks_app.exceptions import InvalidRequest, LmspError, MethodNotAllowed, Unauthorized
@@ -113,6 +115,7 @@ def _stream_flag(request: HttpRequest) -> bool:
 
 _response_detail = ResponseDetailView.as_view()
 _response_create = ResponseCreateView.as_view()
+_response_cancel = ResponseCancelView.as_view()
 
 
 def _rendered(view, request: HttpRequest, **kwargs) -> HttpResponse:
@@ -138,9 +141,40 @@ async def response_detail(request: HttpRequest, response_id: str) -> HttpRespons
         stream = _stream_flag(request)
     except LmspError as error:
         return problem_json_response(error, request)
-    if not stream:
+    if not stream or request.method != "GET":
         return await sync_to_async(_rendered)(_response_detail, request, response_id=response_id)
     return await _serve_stream(request, response_id=response_id)
+
+
+def _response_read_json(response_id: str) -> bytes:
+    read = selectors.response_read(response_id=response_id)
+    return JSONRenderer().render(ResponseOutputSerializer(read).data)
+
+
+@csrf_exempt
+async def response_cancel(request: HttpRequest, response_id: str) -> HttpResponse:
+    """``POST /responses/{id}/cancel``: cancel through the lifecycle, then answer the response.
+
+    A running response becomes ``cancelling`` until its worker stopped (within
+    a decode step); the answer waits for that, up to
+    ``LMSP_RESPONSE_CANCEL_WAIT_SECONDS`` and holding no thread, so it
+    usually shows ``cancelled``. Past the wait it shows the state it has.
+    """
+    answer = await sync_to_async(_rendered)(_response_cancel, request, response_id=response_id)
+    cancelled = getattr(answer, "lmsp_cancelled", None)
+    if cancelled is None:
+        return answer
+    response_id, task_id, status = cancelled
+    if status == states.TaskStatus.CANCELLING:
+        deadline = time.monotonic() + settings.LMSP_RESPONSE_CANCEL_WAIT_SECONDS
+        with Watch(task_id, statuses=states.TERMINAL) as watch:
+            while not await run_db(response_task_finished, task_id=task_id):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                await watch.wait(min(left, watch.hub.poll_interval()))
+    body = await run_db(_response_read_json, response_id)
+    return HttpResponse(body, status=200, content_type="application/json")
 
 
 def _bearer_holder(request: HttpRequest) -> str:

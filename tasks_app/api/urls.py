@@ -1,4 +1,4 @@
-from django.urls import path
+from django.urls import include, path
 from drf_spectacular.renderers import OpenApiJsonRenderer2
 from drf_spectacular.views import SpectacularJSONAPIView, SpectacularSwaggerView
 
@@ -12,10 +12,12 @@ urlpatterns = [
     path("tasks/<str:task_id>/stream_token", views.TaskStreamTokenView.as_view(), name="task-stream-token"),
     path("responses", stream_views.responses_create, name="responses"),
     path("responses/<str:response_id>", stream_views.response_detail, name="response-detail"),
+    path("responses/<str:response_id>/cancel", stream_views.response_cancel, name="response-cancel"),
     path("capabilities", views.CapabilitiesView.as_view(), name="capabilities"),
     path("models", views.ModelListView.as_view(), name="models"),
     path("models/<str:model_id>", views.ModelDetailView.as_view(), name="model-detail"),
     path("pair", views.PairView.as_view(), name="pair"),
+    path("", include("tasks_app.api.webhook_urls")),
     # The schema (as plain application/json) and Swagger UI over it; both public.
     path("openapi.json", SpectacularJSONAPIView.as_view(renderer_classes=[OpenApiJsonRenderer2]), name="openapi"),
     path("docs", SpectacularSwaggerView.as_view(url_name="openapi"), name="openapi-docs"),

@@ -34,8 +34,8 @@ from tasks_app.api.serializers import (
     ListQuerySerializer,
     ModelOutputSerializer,
     PairInputSerializer,
+    ResponseCreateInputSerializer,
     ResponseOutputSerializer,
-    ResponseRequestSerializer,
     StreamTokenOutputSerializer,
     TaskCreateInputSerializer,
     TaskListQuerySerializer,
@@ -47,7 +47,7 @@ from tasks_app.api.throttles import PairThrottle
 from tasks_app.services.capabilities import capabilities_describe
 from tasks_app.services.clients import pairing_code_redeem
 from tasks_app.services.idempotency import idempotency_key_validate, request_digest
-from tasks_app.services.responses import response_start
+from tasks_app.services.responses import response_cancel, response_delete, response_start
 from tasks_app.services.stream_tokens import stream_token_mint
 from tasks_app.services.tasks import task_cancel, task_create
 from tasks_app.states import TaskStatus
@@ -77,6 +77,10 @@ class ScopedAPIView(APIView):
         if method == "OPTIONS" or not hasattr(self, method.lower()):
             return None
         return ()
+
+
+def _queue_positions(tasks) -> dict[str, int]:
+    return selectors.task_queue_positions(task_ids=[task.id for task in tasks if task.status == TaskStatus.QUEUED])
 
 
 def _validated(serializer_class, data):
@@ -146,7 +150,8 @@ class TaskCollectionView(ScopedAPIView):
         page = selectors.task_list_visible(
             client=request.user, statuses=query.get("status"), after=query.get("after"), limit=query["limit"]
         )
-        items = TaskOutputSerializer(page.items, many=True).data
+        context = {"queue_positions": _queue_positions(page.items)}
+        items = TaskOutputSerializer(page.items, many=True, context=context).data
         return Response(list_body(items, page.has_more))
 
 
@@ -163,7 +168,7 @@ class TaskDetailView(ScopedAPIView):
     )
     def get(self, request: Request, task_id: str) -> Response:
         task = selectors.task_get_visible(client=request.user, task_id=task_id)
-        return Response(TaskOutputSerializer(task).data)
+        return Response(TaskOutputSerializer(task, context={"queue_positions": _queue_positions([task])}).data)
 
 
 class TaskStreamTokenView(ScopedAPIView):
@@ -204,7 +209,7 @@ class TaskCancelView(ScopedAPIView):
     def post(self, request: Request, task_id: str) -> Response:
         task = selectors.task_get_visible(client=request.user, task_id=task_id)
         task = task_cancel(task=task)
-        return Response(TaskOutputSerializer(task).data)
+        return Response(TaskOutputSerializer(task, context={"queue_positions": _queue_positions([task])}).data)
 
 
 class ResponseCreateView(ScopedAPIView):
@@ -222,30 +227,59 @@ class ResponseCreateView(ScopedAPIView):
         # Only a streamed retry reads the cursor, but a malformed one is refused on every request,
         # before anything is written, rather than silently ignored.
         stream_cursor(request)
-        data = _validated(ResponseRequestSerializer, request.data)
+        data = _validated(ResponseCreateInputSerializer, request.data)
         started = response_start(
             client=request.user,
             request=data,
             idempotency_key=key,
             request_hash=request_digest(request.data) if key is not None else None,
             stream=bool(data.get("stream")),
+            background=data["background"],
+            on_restart=data["on_restart"],
         )
         if started.replay is not None:
             reply = started.replay
             return Response(reply.body, status=reply.status, headers={**reply.headers, "Idempotent-Replayed": "true"})
+        if started.answer is not None:
+            return Response(started.answer.body, status=started.answer.status)
         response = Response(status=202)
         response.lmsp_started = started
         return response
 
 
 class ResponseDetailView(ScopedAPIView):
-    scopes_by_method = {"GET": READ}
+    """The plain half of ``/responses/{id}`` (documented by ``schema_stand_ins``): read, delete."""
+
+    scopes_by_method = {"GET": READ, "DELETE": WRITE}
 
     def get(self, request: Request, response_id: str) -> Response:
         # The object ignores a cursor, but a malformed one is refused here as on the stream.
         stream_cursor(request)
+        read = selectors.response_read_visible(client=request.user, response_id=response_id)
+        return Response(ResponseOutputSerializer(read).data)
+
+    def delete(self, request: Request, response_id: str) -> Response:
         response = selectors.response_get_visible(client=request.user, response_id=response_id)
-        return Response(ResponseOutputSerializer(response).data)
+        response_delete(response=response)
+        return Response({"id": response_id, "object": "response", "deleted": True})
+
+
+class ResponseCancelView(ScopedAPIView):
+    """The synchronous half of ``POST /responses/{id}/cancel``: the move.
+
+    A task left ``cancelling`` carries ``lmsp_cancelling``: the async
+    ``stream_views.response_cancel`` waits a moment for the worker to finish
+    the move, so the answer is usually the cancelled response.
+    """
+
+    scopes_by_method = {"POST": WRITE}
+
+    def post(self, request: Request, response_id: str) -> Response:
+        response = selectors.response_get_visible(client=request.user, response_id=response_id)
+        task = response_cancel(response=response)
+        answer = Response(status=200)
+        answer.lmsp_cancelled = (response.pk, task.id, task.status)
+        return answer
 
 
 class CapabilitiesView(ScopedAPIView):

@@ -12,6 +12,16 @@ from tasks_app.services.clients import SCOPES
 from tasks_app.states import RestartPolicy
 
 LMSP_VERSION = "1.0"
+# This project's extensions beyond LMSP 1.0 (PROFILE.md section 9), for clients that look before they use.
+EXTENSIONS = (
+    "background_responses",
+    "response_cancel",
+    "response_delete",
+    "queue_position",
+    "webhooks",
+    "models_retrieve",
+    "sdk_errors",
+)
 
 
 def service_id_get() -> str:
@@ -32,4 +42,5 @@ def capabilities_describe() -> dict[str, Any]:
         "pairing": True,
         "scopes": list(SCOPES),
         "max_request_bytes": settings.LMSP_MAX_REQUEST_BYTES,
+        "extensions": list(EXTENSIONS),
     }

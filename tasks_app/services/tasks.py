@@ -45,10 +45,23 @@ def task_location(task_id: str) -> str:
     return f"/lmsp/v1/tasks/{task_id}"
 
 
-def task_accept(*, client: Client, request: Mapping[str, Any], on_restart: RestartPolicy) -> Task:
+@dataclass(frozen=True)
+class Accepted:
+    """A task just accepted, and its place in the line (the queued tasks counted before it, plus one)."""
+
+    task: Task
+    queue_position: int
+
+
+def task_accept(
+    *, client: Client, request: Mapping[str, Any], on_restart: RestartPolicy, notify_webhooks: bool = False
+) -> Accepted:
     """Insert a queued task for ``request`` and dispatch it once the caller's transaction commits.
 
     Shared by ``POST /tasks`` and ``POST /responses``; must run in a transaction.
+    ``notify_webhooks``: its end goes to the client's webhook endpoints (docs/webhooks.md).
+    The count that checks the queue's limit is also the new task's place in
+    the line: inside the write transaction, every queued task is ahead of it.
     """
     model = model_get_by_name(request["model"])
     if on_restart == RestartPolicy.RESUME and not model.resumable:
@@ -57,7 +70,8 @@ def task_accept(*, client: Client, request: Mapping[str, Any], on_restart: Resta
             errors=[{"field": "on_restart", "message": "the model's backend has no resumable snapshots"}],
         )
     # Runs for every new task: counted over the partial index of unfinished tasks, not all tasks kept.
-    if Task.objects.filter(status_in([TaskStatus.QUEUED])).count() >= settings.LMSP_MAX_QUEUED_TASKS:
+    ahead = Task.objects.filter(status_in([TaskStatus.QUEUED])).count()
+    if ahead >= settings.LMSP_MAX_QUEUED_TASKS:
         retry_after = str(settings.LMSP_QUEUE_FULL_RETRY_AFTER_SECONDS)
         raise QueueFull("Too many tasks are waiting; try again later", headers={"Retry-After": retry_after})
     stored_request = {**request, "model": model.name}
@@ -67,9 +81,10 @@ def task_accept(*, client: Client, request: Mapping[str, Any], on_restart: Resta
         model=model.name,
         on_restart=on_restart,
         metadata=request.get("metadata") or {},
+        notify_webhooks=notify_webhooks,
     )
     task_dispatch_on_commit(task_id=task.id)
-    return task
+    return Accepted(task, ahead + 1)
 
 
 def task_create(
@@ -97,8 +112,10 @@ def task_create(
         )
         if claim is not None and claim.is_replay:
             return Reply.replay_of(claim)
-        task = task_accept(client=client, request=request, on_restart=on_restart)
-        reply = Reply(202, task_object(task), {"Location": task_location(task.id)})
+        # A task's client learns of its end by polling, streaming or its webhooks.
+        accepted = task_accept(client=client, request=request, on_restart=on_restart, notify_webhooks=True)
+        task = accepted.task
+        reply = Reply(202, task_object(task, accepted.queue_position), {"Location": task_location(task.id)})
         if claim is not None:
             idempotency_complete(record=claim.record, status=reply.status, body=reply.body, headers=reply.headers)
     return reply
