@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import weakref
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
@@ -151,9 +152,15 @@ class WakeHub:
                 self._on_message(message["data"])
 
 
+def subscriber_name() -> str:
+    """The name this process's subscription has in Redis (``CLIENT LIST``): who listens, at a glance."""
+    return f"{settings.LMSP_REDIS_PREFIX}-wakeups-{os.getpid()}"
+
+
 def _subscriber_client() -> redis.asyncio.Redis:
     return redis.asyncio.Redis.from_url(
         settings.REDIS_URL,
+        client_name=subscriber_name(),
         socket_connect_timeout=1,
         health_check_interval=10,
         # No silent reconnect inside redis-py: a loss must reach ``_listen``,

@@ -25,8 +25,8 @@ def unix_seconds(value: datetime) -> int:
 class Live:
     """What a read of a response adds to its stored row: its place in the line, and its output so far.
 
-    Events never carry it: they record a moment, and a place in the line is
-    only true when it is read.
+    Events never carry it (their ``queue_position`` is null): they record a
+    moment, and a place in the line is only true when it is read.
     """
 
     queue_position: int | None = None
@@ -39,11 +39,11 @@ def response_object(response: Response, live: Live | None = None) -> dict[str, A
     """The response object of PROFILE.md section 3, keys in spec order, then the extensions.
 
     With ``live`` (an API read) it shows the output committed so far and
-    ``queue_position``; without (an event's copy) the row as it is.
+    ``queue_position``; without (an event's copy) the row as it is, and null.
     """
     request = response.request
     output = live.output if live is not None and live.output is not None else response.output
-    body = {
+    return {
         "id": response.id,
         "object": "response",
         "created_at": unix_seconds(response.created_at),
@@ -64,10 +64,9 @@ def response_object(response: Response, live: Live | None = None) -> dict[str, A
         "metadata": response.metadata,
         # Extension (PROFILE.md section 9): OpenAI's background mode.
         "background": bool(request.get("background", False)),
+        # Extension: the place in the line; only a read knows it, so an event's copy says null.
+        "queue_position": live.queue_position if live is not None else None,
     }
-    if live is not None:
-        body["queue_position"] = live.queue_position
-    return body
 
 
 def usage_object(input_tokens: int, output_tokens: int) -> dict[str, int]:

@@ -247,8 +247,8 @@ def test_queued_tasks_and_background_responses_show_their_place_in_the_line(api,
     }
     assert (read["status"], read["queue_position"]) == ("queued", 2)
     assert api.get(f"/lmsp/v1/tasks/{third['id']}").json()["queue_position"] == 3
-    # The event log records the acceptance, not a place that changes: its copy has no position.
-    assert "queue_position" not in json.loads(stored(third["id"])[0][2])["response"]
+    # The event log records the acceptance, not a place that changes: its copy says null.
+    assert json.loads(stored(third["id"])[0][2])["response"]["queue_position"] is None
 
 
 def test_reading_a_queued_response_costs_a_fixed_number_of_queries(api, queue, django_assert_num_queries):

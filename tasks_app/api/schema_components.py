@@ -118,10 +118,9 @@ class ResponseSchema(serializers.Serializer):
     )
     queue_position = serializers.IntegerField(
         allow_null=True,
-        required=False,
         min_value=1,
         help_text="Extension: the place in the line while `queued` (1 = next to start), else null. "
-        "In API answers only; the copies in events leave it out.",
+        "Only a read knows it: the copies in events say null.",
     )
 
 

@@ -96,7 +96,8 @@ def database_write_locked() -> Iterator[None]:
     """Another connection holds the write lock, as a writer frozen inside its transaction would.
 
     SQLite: ``BEGIN IMMEDIATE`` (one lock for the file). PostgreSQL: the tasks
-    table locked against writes (reads go on). Released by a rollback.
+    and webhook endpoints tables locked against writes (reads go on).
+    Released by a rollback.
     """
     raw = raw_connection()
     try:
@@ -105,7 +106,8 @@ def database_write_locked() -> Iterator[None]:
             raw.execute("BEGIN IMMEDIATE")
         else:
             raw.execute("BEGIN")
-            raw.execute("LOCK TABLE tasks IN EXCLUSIVE MODE")
+            # The tables a frozen writer would hold: tasks, and the webhook endpoints it may be changing.
+            raw.execute("LOCK TABLE tasks, webhook_endpoints IN EXCLUSIVE MODE")
         yield
     finally:
         raw.execute("ROLLBACK")
