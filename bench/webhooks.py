@@ -6,7 +6,8 @@ On a fresh database (a new SQLite file, or ``--database-url``: an empty one):
    tasks, timed per call, for tasks that notify no endpoint and for tasks
    whose client has one subscribed endpoint (one SELECT and one INSERT more
    in the same transaction);
-2. those ends delivered: a local receiver (``http.server``, 127.0.0.1)
+2. those ends delivered (``--gap`` apart, so that the time is the
+   deliverer's and not a queue behind a burst): a local receiver (``http.server``, 127.0.0.1)
    answers 200 to each signed POST and notes when it came; the deliverer
    (``webhook_deliveries_run``, as ``manage.py lmsp_webhooks`` runs it, polling
    every ``--poll`` s) runs in a thread of this process. Printed: the time from
@@ -36,6 +37,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tasks", type=int, default=500)
     parser.add_argument("--poll", type=float, default=1.0, help="LMSP_WEBHOOK_POLL_SECONDS (default as shipped)")
+    parser.add_argument(
+        "--gap", type=float, default=0.02, help="seconds between two ends while delivering (0: one burst)"
+    )
     parser.add_argument("--database-url", default=None, help="default: a new SQLite file in a temp dir")
     args = parser.parse_args()
 
@@ -82,9 +86,10 @@ def main() -> None:
             ids.append(task.id)
         return ids
 
-    def end_all(ids: list[str]) -> tuple[list[float], dict[str, float]]:
+    def end_all(ids: list[str], gap: float = 0.0) -> tuple[list[float], dict[str, float]]:
         times, ended = [], {}
         for task_id in ids:
+            time.sleep(gap)
             started = time.perf_counter()
             lifecycle.task_succeed(
                 task_id=task_id, worker="bench/1", item_id="msg_1", text="hi", usage=None, output_tokens=1
@@ -99,7 +104,7 @@ def main() -> None:
     deliverer = threading.Thread(target=webhook_deliveries_run, kwargs={"stop": stop}, daemon=True)
     deliverer.start()
     time.sleep(args.poll * 1.5)  # the deliverer idles on an empty outbox first, as it does between ends
-    hook_times, ended = end_all(subscribed_ids)
+    hook_times, ended = end_all(subscribed_ids, args.gap)
     last_end = time.time()
     deadline = time.monotonic() + 120
     while len(arrived) < args.tasks and time.monotonic() < deadline:
@@ -109,7 +114,10 @@ def main() -> None:
     task_of = dict(WebhookDelivery.objects.values_list("id", "task_id"))
     latency = [(at - ended[task_of[hook_id]]) * 1000 for hook_id, at in arrived.items()]
 
-    print(f"{connection.vendor}: {args.tasks} tasks per case, deliverer polling every {args.poll} s")
+    print(
+        f"{connection.vendor}: {args.tasks} tasks per case, deliverer polling every {args.poll} s, "
+        f"ends {args.gap * 1000:.0f} ms apart while delivering"
+    )
     print(f"{'task_succeed':<40}{'p50 ms':>10}{'p99 ms':>10}")
     for label, times in (("no endpoint (no outbox query)", quiet_times), ("one endpoint (outbox row)", hook_times)):
         print(f"{label:<40}{statistics.median(times):>10.2f}{percentile(times, 0.99):>10.2f}")

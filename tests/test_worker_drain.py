@@ -155,8 +155,9 @@ def test_a_drain_lets_a_task_finish_within_its_grace_and_hands_back_the_one_that
 
 
 def test_a_prefork_worker_of_one_process_still_hands_its_task_back_on_sigterm(slow_lab: Lab):
-    """``--pool prefork --concurrency 1``, the special case: the group's SIGTERM kills the pool
-    process at once, and the main process applies the policy and says so in the same line."""
+    """``--pool prefork --concurrency 1``, the special case: the group's SIGTERM reaches the pool
+    process too, which drains its engine as the threads pool does (never a SystemExit inside a
+    commit), hands its task back by its policy and says so in the same line."""
     lab = slow_lab
     with lab.worker("prefork", concurrency=1, LMSP_MAX_BATCH="1") as worker:
         task_id = lab.create("retry", model=SLOW_MODEL, tokens=LONG)

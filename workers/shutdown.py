@@ -31,12 +31,15 @@ it reads what became of the task (the second call finds nothing to move).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from celery import Task as CeleryTask
 from celery.exceptions import Reject, WorkerLostError
-from celery.signals import task_failure, worker_shutting_down
+from celery.signals import task_failure, worker_process_init, worker_shutting_down
 from celery.worker import state as worker_state
 from django.conf import settings
 from django.db import DatabaseError
@@ -170,3 +173,41 @@ def _drain_engines(sender: object = None, how: str = "Warm", **kwargs: object) -
         return
     _drain_asked = grace
     engines_drain(grace_seconds=grace)
+
+
+# Set in a prefork pool process (worker_process_init fires only there).
+_pool_process = False
+
+
+@worker_process_init.connect
+def _mark_pool_process(**kwargs: object) -> None:
+    global _pool_process
+    _pool_process = True
+
+
+def _drain_on_sigterm(signum: int, frame: object) -> None:
+    from workers.engine import engines_drain
+
+    engines_drain(grace_seconds=float(settings.LMSP_DRAIN_SECONDS))
+
+
+@contextmanager
+def sigterm_drains_engines() -> Iterator[None]:
+    """While a prefork pool process runs a task, SIGTERM drains its engines instead of raising SystemExit.
+
+    billiard's handler raises SystemExit wherever the process is. Landing
+    inside a database commit, the cleanup of the half-sent command replaced it
+    with a database error: the task body failed as a backend error, Celery
+    reported a failure rather than a lost process, and the task stayed held by
+    a process that was gone until the next recovery. Drained, the row ends
+    interrupted between two steps and the task is handed back by its policy,
+    as in the threads pool. Outside a task billiard's own handler applies.
+    """
+    if not _pool_process or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _drain_on_sigterm)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -15,7 +15,7 @@ from tasks_app.services.dispatch import queued_tasks_sweep
 from tasks_app.services.recovery import abandoned_tasks_reap, lost_task_recover
 from tasks_app.services.retention import retention_cleanup
 from workers.execution import task_execute
-from workers.shutdown import node_stopping
+from workers.shutdown import node_stopping, sigterm_drains_engines
 
 logger = logging.getLogger(__name__)
 
@@ -29,7 +29,8 @@ def run_task(self: Task, task_id: str) -> str:
         logger.info("left task %s to another worker: this one is stopping", task_id)
         raise Reject("this worker is stopping", requeue=True)
     worker = f"{self.request.hostname or 'worker'}/{os.getpid()}"
-    return task_execute(task_id=task_id, worker=worker)
+    with sigterm_drains_engines():
+        return task_execute(task_id=task_id, worker=worker)
 
 
 @shared_task(name=SWEEP_TASK, ignore_result=True, acks_late=False)
