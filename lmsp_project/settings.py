@@ -396,6 +396,8 @@ LMSP_WEBHOOK_TIMEOUT_SECONDS = _env_float("LMSP_WEBHOOK_TIMEOUT_SECONDS", 10.0)
 LMSP_WEBHOOK_BACKOFF_BASE_SECONDS = _env_float("LMSP_WEBHOOK_BACKOFF_BASE_SECONDS", 5.0)
 LMSP_WEBHOOK_BACKOFF_MAX_SECONDS = _env_float("LMSP_WEBHOOK_BACKOFF_MAX_SECONDS", 3600.0)
 LMSP_WEBHOOK_MAX_AGE_SECONDS = _env_float("LMSP_WEBHOOK_MAX_AGE_SECONDS", 72 * 3600.0)
+# Delivered and given-up deliveries are kept this long after their last attempt (retention cleanup).
+LMSP_WEBHOOK_RETENTION_SECONDS = _env_int("LMSP_WEBHOOK_RETENTION_SECONDS", 7 * 24 * 3600)
 # Deliveries one deliverer sends at once (one thread each), so that a slow
 # receiver holds up only its own.
 LMSP_WEBHOOK_CONCURRENCY = _env_int_at_least("LMSP_WEBHOOK_CONCURRENCY", 8, 1)

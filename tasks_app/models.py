@@ -413,6 +413,8 @@ class WebhookDelivery(models.Model):
                 name="webhook_delivery_due",
             ),
             models.Index(fields=["endpoint", "-id"], name="webhook_delivery_endpoint"),
+            # Retention cleanup finds delivered and given-up rows by their last attempt.
+            models.Index(fields=["last_attempt_at"], name="webhook_delivery_last_attempt"),
         ]
 
     def __str__(self) -> str:

@@ -16,10 +16,21 @@ from django.utils import timezone
 
 from tasks_app import lifecycle
 from tasks_app.exceptions import ServerRestarted
-from tasks_app.models import Client, IdempotencyKey, PairingCode, Response, Task, TaskEvent, TaskSnapshot
+from tasks_app.models import (
+    Client,
+    IdempotencyKey,
+    PairingCode,
+    Response,
+    Task,
+    TaskEvent,
+    TaskSnapshot,
+    WebhookDelivery,
+    WebhookDeliveryStatus,
+)
 from tasks_app.services.clients import pairing_code_create, pairing_code_redeem
 from tasks_app.services.idempotency import idempotency_claim, request_digest
 from tasks_app.services.retention import CleanupSummary, retention_cleanup
+from tasks_app.services.webhooks import TaskEnd, webhook_deliveries_enqueue, webhook_endpoint_create
 from tasks_app.states import TaskStatus
 from tests.support import moves
 from tests.support.api import ApiClient
@@ -243,6 +254,32 @@ def deletes_on(table: str) -> Iterator[list[tuple[str, Any]]]:
         yield seen
 
 
+def test_delivered_and_given_up_webhook_deliveries_go_after_their_retention_pending_ones_stay(owner, settings):
+    client, _ = owner
+    settings.LMSP_WEBHOOK_ALLOW_PRIVATE_TARGETS = True
+    settings.LMSP_WEBHOOK_RETENTION_SECONDS = 3600
+    webhook_endpoint_create(client=client, name="hook", url="http://127.0.0.1:9/hook", event_types=["response.failed"])
+    tasks = [make_task(client, S.FAILED) for _ in range(5)]
+    ends = [TaskEnd(task.id, task.response_id, client.pk, "response.failed") for task in tasks]
+    assert webhook_deliveries_enqueue(ends=ends, now=timezone.now()) == 5
+    by_task = {row.task_id: row.pk for row in WebhookDelivery.objects.all()}
+    old, recent = timezone.now() - timedelta(hours=2), timezone.now() - timedelta(minutes=5)
+    D = WebhookDeliveryStatus
+    # Test setup: each row as the deliverer would have left it.
+    states = [(D.DELIVERED, old), (D.FAILED, old), (D.DELIVERED, recent), (D.PENDING, old), (D.PENDING, None)]
+    for task, (status, last) in zip(tasks, states, strict=True):
+        delivered = last if status == D.DELIVERED else None
+        WebhookDelivery.objects.filter(pk=by_task[task.id]).update(
+            status=status, last_attempt_at=last, delivered_at=delivered, attempts=1 if last else 0
+        )
+
+    summary = retention_cleanup()
+
+    assert summary.webhook_deliveries == 2
+    kept = set(WebhookDelivery.objects.values_list("task_id", flat=True))
+    assert kept == {tasks[2].id, tasks[3].id, tasks[4].id}
+
+
 def test_cleanup_deletes_in_batches_of_at_most_batch_size_rows(owner):
     client, _ = owner
     task = make_task(client, S.CANCELLED, cancel_from_running=True)
@@ -284,14 +321,16 @@ def test_the_command_prints_its_summary(owner):
     out = StringIO()
     call_command("lmsp_cleanup", "--batch-size", "1", stdout=out)
     assert out.getvalue() == (
-        "deleted 2 events, 1 task (1 response, 0 snapshots), 0 idempotency keys, 1 pairing code\n"
+        "deleted 2 events, 1 task (1 response, 0 snapshots), 0 idempotency keys, 1 pairing code, "
+        "0 webhook deliveries\n"
     )
     assert not Task.objects.filter(pk=task.pk).exists()
 
     again = StringIO()
     call_command("lmsp_cleanup", stdout=again)
     assert again.getvalue() == (
-        "deleted 0 events, 0 tasks (0 responses, 0 snapshots), 0 idempotency keys, 0 pairing codes\n"
+        "deleted 0 events, 0 tasks (0 responses, 0 snapshots), 0 idempotency keys, 0 pairing codes, "
+        "0 webhook deliveries\n"
     )
     with pytest.raises(CommandError):
         call_command("lmsp_cleanup", "--batch-size", "0", stdout=StringIO())

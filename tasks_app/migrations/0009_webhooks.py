@@ -115,6 +115,10 @@ class Migration(migrations.Migration):
             model_name="webhookdelivery",
             index=models.Index(fields=["endpoint", "-id"], name="webhook_delivery_endpoint"),
         ),
+        migrations.AddIndex(
+            model_name="webhookdelivery",
+            index=models.Index(fields=["last_attempt_at"], name="webhook_delivery_last_attempt"),
+        ),
         migrations.AddConstraint(
             model_name="webhookdelivery",
             constraint=models.CheckConstraint(

@@ -3,7 +3,9 @@
 Finished tasks, their responses, snapshots and events are kept for a
 configurable time; events may go first (the task stays readable and its
 events answer ``410 event_history_expired``). Expired idempotency keys and
-pairing codes go too.
+pairing codes go too, and webhook deliveries that were delivered or given up
+``LMSP_WEBHOOK_RETENTION_SECONDS`` after their last attempt (a pending one
+stays, whatever its age: it is still to be sent).
 
 Chapter 11.2 forbids deleting unfinished tasks during cleanup, so every
 statement here that deletes a task or an event carries ``status IN
@@ -44,6 +46,8 @@ from tasks_app.models import (
     Task,
     TaskEvent,
     TaskSnapshot,
+    WebhookDelivery,
+    WebhookDeliveryStatus,
 )
 from tasks_app.querying import status_in
 
@@ -60,10 +64,19 @@ class CleanupSummary:
     snapshots: int = 0
     idempotency_keys: int = 0
     pairing_codes: int = 0
+    webhook_deliveries: int = 0
 
     @property
     def total(self) -> int:
-        return self.events + self.tasks + self.responses + self.snapshots + self.idempotency_keys + self.pairing_codes
+        return (
+            self.events
+            + self.tasks
+            + self.responses
+            + self.snapshots
+            + self.idempotency_keys
+            + self.pairing_codes
+            + self.webhook_deliveries
+        )
 
     def describe(self) -> str:
         """One readable line, always naming every category in the same order."""
@@ -76,7 +89,8 @@ class CleanupSummary:
             f"{count(self.tasks, 'task', 'tasks')} "
             f"({count(self.responses, 'response', 'responses')}, {count(self.snapshots, 'snapshot', 'snapshots')}), "
             f"{count(self.idempotency_keys, 'idempotency key', 'idempotency keys')}, "
-            f"{count(self.pairing_codes, 'pairing code', 'pairing codes')}"
+            f"{count(self.pairing_codes, 'pairing code', 'pairing codes')}, "
+            f"{count(self.webhook_deliveries, 'webhook delivery', 'webhook deliveries')}"
         )
 
 
@@ -102,7 +116,9 @@ def retention_cleanup(*, now: datetime | None = None, batch_size: int | None = N
     events_cutoff = now - min(event_retention, task_retention)
     tasks_cutoff = now - task_retention
 
-    events = tasks = responses = snapshots = cascaded_events = idempotency_keys = pairing_codes = 0
+    events = tasks = responses = snapshots = cascaded_events = idempotency_keys = pairing_codes = deliveries = 0
+    deliveries_cutoff = now - timedelta(seconds=settings.LMSP_WEBHOOK_RETENTION_SECONDS)
+    ended_deliveries = [WebhookDeliveryStatus.DELIVERED, WebhookDeliveryStatus.FAILED]
     # A writer frozen inside its transaction (SQLite: the write lock) is not waited on for long: what
     # is left is deleted next round.
     try:
@@ -121,6 +137,12 @@ def retention_cleanup(*, now: datetime | None = None, batch_size: int | None = N
                 delete=lambda pks: PairingCode.objects.filter(pk__in=pks, expires_at__lte=now).delete()[0],
                 size=size,
             )
+            ended = Q(status__in=ended_deliveries, last_attempt_at__lt=deliveries_cutoff)
+            deliveries = _delete_in_batches(
+                select=lambda: WebhookDelivery.objects.filter(ended),
+                delete=lambda pks: WebhookDelivery.objects.filter(ended, pk__in=pks).delete()[0],
+                size=size,
+            )
     except DatabaseBusy:
         logger.warning("retention cleanup: the database is locked by another writer; the rest waits for next round")
     summary = CleanupSummary(
@@ -130,6 +152,7 @@ def retention_cleanup(*, now: datetime | None = None, batch_size: int | None = N
         snapshots=snapshots,
         idempotency_keys=idempotency_keys,
         pairing_codes=pairing_codes,
+        webhook_deliveries=deliveries,
     )
     if summary.total:
         logger.info("retention cleanup: %s", summary.describe())
