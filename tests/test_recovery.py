@@ -142,11 +142,12 @@ def test_loading_tasks_killed_while_loading_fail_or_run_again(lab: Lab):
 
 
 def test_running_and_cancelling_tasks_killed_mid_generation(lab: Lab):
-    # Long enough that none ends before the kill: the worker's model thread no longer waits for commits.
+    # Long enough that none ends before the kill: the worker's model thread no longer waits for commits,
+    # and each model call is slowed down (tasks_app.faults) so that no machine is fast enough to finish one.
     running = {policy: lab.create(policy, tokens=KILLED_TOKENS) for policy in RestartPolicy.values}
     cancelling = {policy: lab.create(policy, tokens=KILLED_TOKENS) for policy in RestartPolicy.values}
     every = [*running.values(), *cancelling.values()]
-    with lab.worker("generators", concurrency=6) as worker:
+    with lab.worker("generators", concurrency=6, LMSP_FAULT_MODEL_CALL_SECONDS="0.002") as worker:
         for task_id in every:
             wait_for_deltas(task_id, 3, worker)
         kill_process_group(worker.proc)
