@@ -5,7 +5,9 @@ The worker is started as the Procfile starts it (``--pool threads
 database, the main Redis. Each task's final text is compared with the same
 request generated alone in this process by the backend (no engine, no
 batch): greedy-free seeded sampling, so a row that saw another row's logits
-or random numbers would show it.
+or random numbers would show it. The reference follows a task's text only
+through the draws the batch's last-bit logit differences can turn
+(``tests.support.alone``).
 """
 
 from __future__ import annotations
@@ -16,11 +18,11 @@ import pytest
 
 from tasks_app.models import Task, TaskEvent
 from tasks_app.states import TaskStatus
+from tests.support.alone import alone_text
 from tests.support.demo import DEMO_MODEL, ENDLESS_MODEL
 from tests.support.lab import Lab
 from tests.support.worker import kill_process_group
 from tests.test_recovery import TERMINAL, deltas, events, wait_for_deltas
-from workers.backends.base import SamplingParams
 from workers.backends.onnx import OnnxRuntimeBackend
 from workers.backends.onnx.model import OnnxModel
 
@@ -31,25 +33,21 @@ BATCHED = {"LMSP_MAX_BATCH": BATCH, "LMSP_DELTA_BATCH_MS": "20"}
 SLOW_DEVICE = {"LMSP_FAULT_MODEL_CALL_SECONDS": "0.002"}
 
 
-def never() -> bool:
-    return False
-
-
 @pytest.fixture
 def alone(lab: Lab):
-    """The text of a request generated alone, in this process, by the backend the worker uses."""
+    """The text of a request generated alone, in this process, by the backend the worker uses.
+
+    Given the text a task produced (``following``), it follows that text through the draws that
+    the batch's last-bit logit differences can turn (``tests.support.alone``), and nowhere else.
+    """
     loaded: dict[str, OnnxModel] = {}
 
-    def text_of(model: str, request: dict[str, Any]) -> str:
+    def text_of(model: str, request: dict[str, Any], *, following: str) -> str:
         if model not in loaded:
             name, _, tag = model.partition(":")
             folder = lab.models / name / tag if tag else lab.models / name
             loaded[model] = OnnxRuntimeBackend().load(folder, device="cpu")
-        backend = loaded[model]
-        generation = backend.generate(
-            backend.prompt_ids(request), SamplingParams.from_request(request), should_stop=never
-        )
-        return "".join(step.text for step in generation)
+        return alone_text(loaded[model], request, following=following)
 
     yield text_of
     for model in loaded.values():
@@ -85,7 +83,8 @@ def test_tasks_in_one_batch_each_get_the_text_of_their_request_alone(lab: Lab, a
         ids = [lab.create("fail", model=ENDLESS_MODEL, **body) for body in bodies]
         for task_id in ids:
             assert lab.wait_for(task_id, TERMINAL, worker)["status"] == "succeeded"
-    assert [final_text(lab, task_id) for task_id in ids] == [alone(ENDLESS_MODEL, body) for body in bodies]
+    texts = [final_text(lab, task_id) for task_id in ids]
+    assert texts == [alone(ENDLESS_MODEL, body, following=text) for body, text in zip(bodies, texts, strict=True)]
     assert all(deltas(events(task_id)) == final_text(lab, task_id) for task_id in ids)
     assert overlapped(ids)
 
@@ -96,7 +95,8 @@ def test_the_demo_model_in_a_batch_ends_each_task_as_it_would_alone(lab: Lab, al
         ids = [lab.create("fail", model=DEMO_MODEL, **body) for body in bodies]
         outcomes = [lab.wait_for(task_id, TERMINAL, worker) for task_id in ids]
     assert [o["status"] for o in outcomes] == ["succeeded"] * 5
-    assert [final_text(lab, task_id) for task_id in ids] == [alone(DEMO_MODEL, body) for body in bodies]
+    texts = [final_text(lab, task_id) for task_id in ids]
+    assert texts == [alone(DEMO_MODEL, body, following=text) for body, text in zip(bodies, texts, strict=True)]
 
 
 def test_a_cancelled_row_stops_and_the_rows_beside_it_keep_their_text(lab: Lab, alone) -> None:
@@ -113,9 +113,10 @@ def test_a_cancelled_row_stops_and_the_rows_beside_it_keep_their_text(lab: Lab, 
         for task_id in others:
             assert lab.wait_for(task_id, TERMINAL, worker)["status"] == "succeeded"
     assert events(victim)[-1]["type"] == "response.cancelled"
-    assert [final_text(lab, task_id) for task_id in others] == [
-        alone(ENDLESS_MODEL, body) for task_id, body in zip(ids, bodies, strict=True) if task_id != victim
-    ]
+    for task_id, body in zip(ids, bodies, strict=True):
+        if task_id != victim:
+            text = final_text(lab, task_id)
+            assert text == alone(ENDLESS_MODEL, body, following=text), task_id
 
 
 def test_a_killed_batched_worker_loses_every_row_and_each_is_recovered_by_its_policy(lab: Lab, alone) -> None:
@@ -131,14 +132,14 @@ def test_a_killed_batched_worker_loses_every_row_and_each_is_recovered_by_its_po
     lab.recover()
     with lab.worker("batched-finisher", pool="threads", concurrency=int(BATCH), **BATCHED) as worker:
         outcomes = {task_id: lab.wait_for(task_id, TERMINAL, worker) for task_id in ids}
-    expected = [alone(ENDLESS_MODEL, body) for body in bodies]
-    for task_id, policy, text in zip(ids, policies, expected, strict=True):
+    for task_id, policy, body in zip(ids, policies, bodies, strict=True):
         if policy == "fail":
             assert outcomes[task_id]["status"] == "failed"
             assert outcomes[task_id]["error"]["code"] == "server_restarted"
             continue
         assert outcomes[task_id]["status"] == "succeeded", (policy, outcomes[task_id])
-        assert final_text(lab, task_id) == text, policy
+        text = final_text(lab, task_id)
+        assert text == alone(ENDLESS_MODEL, body, following=text), policy
         if policy == "resume":
             # The same output item, continued right after what was committed before the kill.
             assert final_text(lab, task_id).startswith(shown[task_id])
