@@ -286,9 +286,7 @@ def test_list_query_count_does_not_grow_with_the_page(api, django_assert_max_num
         page = api.get("/lmsp/v1/tasks", limit=30).json()["data"]
     assert len(page) == 30
     queued = sorted(t["id"] for t in page if t["status"] == "queued")
-    assert [t["queue_position"] for t in sorted(page, key=lambda t: t["id"]) if t["id"] in queued] == list(
-        range(1, 29)
-    )
+    assert [t["queue_position"] for t in sorted(page, key=lambda t: t["id"]) if t["id"] in queued] == list(range(1, 29))
     shown = {t["id"]: t["response"] for t in page if t["status"] == "succeeded"}
     assert set(shown) == {t.id for t in done}
     assert all(r is not None and r["status"] == "completed" for r in shown.values())

@@ -321,8 +321,7 @@ def test_the_command_prints_its_summary(owner):
     out = StringIO()
     call_command("lmsp_cleanup", "--batch-size", "1", stdout=out)
     assert out.getvalue() == (
-        "deleted 2 events, 1 task (1 response, 0 snapshots), 0 idempotency keys, 1 pairing code, "
-        "0 webhook deliveries\n"
+        "deleted 2 events, 1 task (1 response, 0 snapshots), 0 idempotency keys, 1 pairing code, 0 webhook deliveries\n"
     )
     assert not Task.objects.filter(pk=task.pk).exists()
 
