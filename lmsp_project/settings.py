@@ -385,8 +385,10 @@ LMSP_STREAM_TOKEN_SECONDS = _env_int("LMSP_STREAM_TOKEN_SECONDS", 300)
 LMSP_RESPONSE_CANCEL_WAIT_SECONDS = float(os.environ.get("LMSP_RESPONSE_CANCEL_WAIT_SECONDS", "5"))
 
 # --- Webhooks (docs/webhooks.md) ---------------------------------------------
-# The deliverer (`manage.py lmsp_webhooks`, the Procfile's `webhooks`) reads
-# the outbox this often (one indexed query when nothing is due).
+# The deliverer (`manage.py lmsp_webhooks`, the Procfile's `webhooks`) is woken
+# over Redis by each commit that makes a delivery due, and besides reads the
+# outbox this often (one indexed query when nothing is due): retries whose
+# backoff ended, and everything while Redis is away.
 LMSP_WEBHOOK_POLL_SECONDS = _env_float("LMSP_WEBHOOK_POLL_SECONDS", 1.0)
 # One attempt's socket timeout (connect, send, each read of the answer).
 LMSP_WEBHOOK_TIMEOUT_SECONDS = _env_float("LMSP_WEBHOOK_TIMEOUT_SECONDS", 10.0)

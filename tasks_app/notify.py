@@ -50,6 +50,10 @@ def tasks_channel() -> str:
     return key("tasks")
 
 
+def webhooks_channel() -> str:
+    return key("webhooks")
+
+
 def publish(channel: str, message: dict[str, Any]) -> bool:
     try:
         redis_client().publish(channel, json.dumps(message, separators=(",", ":")))
@@ -67,6 +71,11 @@ def task_changed_on_commit(task_id: str, status: str, last_sequence: int) -> Non
         # Only the one winning terminal move gets here (a worker, a cancel,
         # recovery or the reaper), so each task is counted once.
         transaction.on_commit(partial(task_finished_count, status=status))
+
+
+def webhooks_due_on_commit() -> None:
+    """After the current transaction commits, wake the webhook deliverers: some delivery is due now."""
+    transaction.on_commit(partial(publish, webhooks_channel(), {"due": True}))
 
 
 def tasks_changed_on_commit(changes: Sequence[tuple[str, str, int]]) -> None:

@@ -15,8 +15,6 @@ import json
 import multiprocessing
 import os
 import signal
-import subprocess
-import sys
 import urllib.request
 from datetime import timedelta
 
@@ -32,6 +30,7 @@ from tasks_app.services.recovery import abandoned_tasks_reap
 from tasks_app.services.webhooks import (
     webhook_backoff_seconds,
     webhook_deliveries_claim,
+    webhook_deliveries_retry_now,
     webhook_deliveries_run,
     webhook_delivery_record,
     webhook_endpoint_create,
@@ -41,9 +40,9 @@ from tasks_app.states import RestartPolicy, TaskStatus
 from tasks_app.webhook_http import AttemptOutcome
 from tests.support.db import database_url
 from tests.support.namespace import REDIS_PREFIX
-from tests.support.server import REPO, uvicorn_process
+from tests.support.server import uvicorn_process
 from tests.support.waiting import wait_until
-from tests.support.webhooks import Receiver, finish_as_worker, receiving, sdk
+from tests.support.webhooks import Receiver, deliverer_process, finish_as_worker, receiving, sdk
 from tests.test_query_plans import assert_read_through, statements
 
 D = WebhookDeliveryStatus
@@ -548,32 +547,11 @@ def test_events_committed_by_killed_processes_are_delivered_by_a_deliverer_start
         worker.join()
         assert WebhookDelivery.objects.filter(status=D.PENDING).count() == 2 and receiver.received == []
 
-        log = tmp_path / "webhooks.log"
-        deliverer_env = {
-            **os.environ,
-            "DATABASE_URL": url,
-            "LMSP_WEBHOOK_POLL_SECONDS": "0.1",
-            "LMSP_WEBHOOK_ALLOW_PRIVATE_TARGETS": "true",
-        }
-        with log.open("wb") as output:
-            deliverer = subprocess.Popen(
-                [sys.executable, "manage.py", "lmsp_webhooks"],
-                cwd=REPO,
-                env=deliverer_env,
-                stdout=output,
-                stderr=output,
+        with deliverer_process({"DATABASE_URL": url, "LMSP_WEBHOOK_POLL_SECONDS": "0.1"}, tmp_path / "log") as log:
+            wait_until(
+                lambda: WebhookDelivery.objects.filter(status=D.DELIVERED).count() == 2,
+                what=lambda: f"not delivered:\n{log()}",
             )
-            try:
-                wait_until(
-                    lambda: WebhookDelivery.objects.filter(status=D.DELIVERED).count() == 2,
-                    what=lambda: f"not delivered:\n{log.read_text()[-3000:]}",
-                )
-                deliverer.send_signal(signal.SIGTERM)
-                assert deliverer.wait(timeout=20) == 0, log.read_text()[-3000:]
-            finally:
-                if deliverer.poll() is None:
-                    deliverer.kill()
-                    deliverer.wait()
 
     got = {
         (event := unwrap(sdk("http://unused", "x"), r, endpoint.secret)).data.task_id: event.type
@@ -582,8 +560,38 @@ def test_events_committed_by_killed_processes_are_delivered_by_a_deliverer_start
     assert got == {cancelled: "response.cancelled", completed: "response.completed"}
     assert len(receiver.received) == 2
     assert Task.objects.get(pk=waiting).status == S.QUEUED
-    text = log.read_text()
+    text = (tmp_path / "log").read_text()
     assert text.count(": delivered (HTTP 200)") == 2 and "Traceback" not in text, text
     from tasks_app.notify import redis_client
 
     redis_client().delete(queue)
+
+
+def test_a_deliverer_that_barely_polls_is_woken_by_each_commit_that_makes_a_delivery_due(
+    transactional_db, make_client, fast_webhooks, tmp_path
+):
+    """With a poll of ten minutes, only the wake-up after each commit can bring the deliverer to send in time."""
+    env = {
+        "DATABASE_URL": database_url(),
+        "REDIS_URL": fast_webhooks.REDIS_URL,
+        "LMSP_REDIS_PREFIX": fast_webhooks.LMSP_REDIS_PREFIX,
+        "LMSP_WEBHOOK_POLL_SECONDS": "600",
+    }
+    client, _ = make_client()
+    with receiving() as receiver:
+        endpoint_for(client, receiver.url)
+        # One delivery waits out a backoff of a day, until the admin's "retry now".
+        ended_task(client, "failed")
+        backing_off = WebhookDelivery.objects.get()
+        WebhookDelivery.objects.update(next_attempt_at=timezone.now() + timedelta(days=1))
+        with deliverer_process(env, tmp_path / "log") as log:
+            # The first end may be sent by the deliverer's first claim or the claim after it subscribed;
+            # the second, committed once the first arrived, only by the wake-up its commit published.
+            for count in (1, 2):
+                ended_task(client, "cancelled")
+                wait_until(lambda n=count: len(receiver.received) == n, what=log)
+            assert webhook_deliveries_retry_now(delivery_ids=[backing_off.id]) == 1
+            wait_until(lambda: len(receiver.received) == 3, what=log)
+    assert [json.loads(r.body)["type"] for r in receiver.received] == ["response.cancelled"] * 2 + ["response.failed"]
+    assert receiver.received[2].headers["webhook-id"] == backing_off.id
+    assert "Traceback" not in (tmp_path / "log").read_text()

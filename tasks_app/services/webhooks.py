@@ -11,6 +11,10 @@
   backoff with jitter, or given up once LMSP_WEBHOOK_MAX_AGE_SECONDS passed.
   A deliverer that dies leaves its claims to the next one once their lease
   expires: at least once, the receiver dedupes by ``webhook-id``.
+- A commit that makes deliveries due publishes on ``<prefix>:webhooks``
+  after it commits; deliverers subscribed to it claim at once. The message
+  carries nothing: a lost one (Redis down) costs at most one poll
+  (LMSP_WEBHOOK_POLL_SECONDS), never a delivery.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
+import redis
 from django.conf import settings
 from django.db import DatabaseError, close_old_connections, transaction
 from django.db.models import Q
@@ -35,6 +40,7 @@ from tasks_app import events
 from tasks_app.exceptions import InvalidRequest
 from tasks_app.ids import new_webhook_delivery_id, new_webhook_endpoint_id, new_webhook_event_id
 from tasks_app.models import Client, WebhookDelivery, WebhookDeliveryStatus, WebhookEndpoint
+from tasks_app.notify import redis_client, webhooks_channel, webhooks_due_on_commit
 from tasks_app.webhook_http import (
     AttemptOutcome,
     WebhookTargetError,
@@ -54,6 +60,9 @@ T = TypeVar("T")
 EVENT_TYPES: tuple[str, ...] = tuple(str(event_type) for event_type in events.TERMINAL)
 # Each wait is shortened by up to this share at random, so that retries of many deliveries spread out.
 BACKOFF_JITTER = 0.25
+# The wake-up subscription's reconnect backoff: doubles per failed attempt, reset once subscribed.
+_WAKE_RETRY_FIRST_S = 0.05
+_WAKE_RETRY_MAX_S = 2.0
 # How long a rotated-out secret still signs when the rotation asked to keep it.
 PREVIOUS_SECRET_SECONDS = 24 * 3600
 
@@ -217,6 +226,7 @@ def webhook_deliveries_enqueue(*, ends: Sequence[TaskEnd], now: datetime) -> int
         ]
     if rows:
         WebhookDelivery.objects.bulk_create(rows)
+        webhooks_due_on_commit()
     return len(rows)
 
 
@@ -347,7 +357,10 @@ def webhook_deliveries_retry_now(*, delivery_ids: Iterable[str]) -> int:
     failure gives it up again.
     """
     rows = WebhookDelivery.objects.filter(pk__in=list(delivery_ids), status__in=[D.PENDING, D.FAILED])
-    return rows.update(status=D.PENDING, next_attempt_at=timezone.now())
+    updated = rows.update(status=D.PENDING, next_attempt_at=timezone.now())
+    if updated:
+        webhooks_due_on_commit()
+    return updated
 
 
 # --------------------------------------------------------------------------- #
@@ -398,7 +411,8 @@ class _Senders:
 
     def __init__(self, size: int) -> None:
         self._todo: queue.Queue[ClaimedDelivery | None] = queue.Queue()
-        self._done: queue.Queue[tuple[ClaimedDelivery, AttemptOutcome]] = queue.Queue()
+        # An attempt that ended, or None: a poke (deliveries are due), which ends the wait with nothing.
+        self._done: queue.Queue[tuple[ClaimedDelivery, AttemptOutcome] | None] = queue.Queue()
         self._threads = [threading.Thread(target=self._work, daemon=True, name=f"webhook-{n}") for n in range(size)]
         for thread in self._threads:
             thread.start()
@@ -410,25 +424,76 @@ class _Senders:
     def submit(self, claimed: ClaimedDelivery) -> None:
         self._todo.put(claimed)
 
+    def poke(self) -> None:
+        """End the current wait of :meth:`finished`: deliveries became due."""
+        self._done.put(None)
+
     def finished(self, *, timeout: float, stop: threading.Event) -> list[tuple[ClaimedDelivery, AttemptOutcome]]:
-        """The attempts that ended, waiting up to ``timeout`` for the first (in short slices, to see ``stop``)."""
+        """The attempts that ended, waiting up to ``timeout`` for the first or a poke (in short slices, to see
+        ``stop``)."""
         deadline = timezone.now() + timedelta(seconds=timeout)
         while True:
             try:
-                found = [self._done.get(timeout=min(0.05, max(timeout, 0.0)))]
+                got = [self._done.get(timeout=min(0.05, max(timeout, 0.0)))]
                 break
             except queue.Empty:
                 if stop.is_set() or timezone.now() >= deadline:
                     return []
         while True:
             try:
-                found.append(self._done.get_nowait())
+                got.append(self._done.get_nowait())
             except queue.Empty:
-                return found
+                return [item for item in got if item is not None]
 
     def close(self) -> None:
         for _ in self._threads:
             self._todo.put(None)
+
+
+class _Wakeups:
+    """A thread subscribed to the deliverers' channel: each message, and each (re)subscription, pokes the loop.
+
+    Only latency rides on it: the loop still polls every
+    LMSP_WEBHOOK_POLL_SECONDS, so while Redis is away deliveries wait at
+    most a poll.
+    """
+
+    def __init__(self, poke: Callable[[], None], stop: threading.Event) -> None:
+        self._poke, self._stop = poke, stop
+        threading.Thread(target=self._listen, daemon=True, name="webhook-wakeups").start()
+
+    def _listen(self) -> None:
+        retry, down = _WAKE_RETRY_FIRST_S, False
+        while not self._stop.is_set():
+            pubsub = redis_client().pubsub()
+            try:
+                pubsub.subscribe(webhooks_channel())
+                while not self._stop.is_set():
+                    message = pubsub.get_message(timeout=0.5)
+                    if message is None:
+                        continue
+                    if message["type"] == "subscribe":
+                        # Subscribed from here on; what was committed before is due now.
+                        retry = _WAKE_RETRY_FIRST_S
+                        if down:
+                            logger.info("webhooks: wake-ups subscribed again")
+                            down = False
+                    self._poke()
+            except redis.RedisError as error:
+                if not down:
+                    logger.warning(
+                        "webhooks: wake-ups lost (%s); polling every %.1f s until Redis is back",
+                        error,
+                        settings.LMSP_WEBHOOK_POLL_SECONDS,
+                    )
+                    down = True
+                self._stop.wait(retry)
+                retry = min(2 * retry, _WAKE_RETRY_MAX_S)
+            finally:
+                try:
+                    pubsub.close()
+                except redis.RedisError:
+                    pass
 
 
 def _database_step(what: str, step: Callable[..., T], **arguments: Any) -> T | None:
@@ -445,8 +510,8 @@ def webhook_deliveries_run(*, stop: threading.Event | None = None, once: bool = 
     """The deliverer: claim what is due, send it from LMSP_WEBHOOK_CONCURRENCY threads, record each outcome.
 
     It claims only as many as it has free threads, so a slow receiver holds
-    up only its own attempt; when nothing is due it polls every
-    LMSP_WEBHOOK_POLL_SECONDS. ``once``: one round (claim what is due now,
+    up only its own attempt; when nothing is due it waits for a wake-up
+    (``_Wakeups``) or LMSP_WEBHOOK_POLL_SECONDS, whichever comes first. ``once``: one round (claim what is due now,
     send it, record it) and return. ``stop`` (SIGTERM, SIGINT) ends the loop
     within a poll slice; attempts still under way are abandoned to their
     leases.
@@ -454,6 +519,8 @@ def webhook_deliveries_run(*, stop: threading.Event | None = None, once: bool = 
     stop = stop or threading.Event()
     size = settings.LMSP_WEBHOOK_CONCURRENCY
     senders = _Senders(size)
+    if not once:
+        _Wakeups(senders.poke, stop)
     in_flight: set[str] = set()
     counts = DeliveryCounts()
     claiming = True

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import openai
 
-from tests.support.server import free_port
+from tests.support.server import REPO, free_port
 
 
 @dataclass(frozen=True)
@@ -97,3 +102,31 @@ def finish_as_worker(database_url: str, task_id: str, done: object) -> None:
     assert ended.won
     done.set()  # type: ignore[attr-defined]
     time.sleep(600)
+
+
+@contextmanager
+def deliverer_process(env: dict[str, str], log: Path) -> Iterator[Callable[[], str]]:
+    """``manage.py lmsp_webhooks`` as a process of its own, output to ``log``; yields the log's tail.
+
+    On leaving, it is stopped by SIGTERM and must exit cleanly (killed if the block failed first).
+    """
+    with log.open("wb") as output:
+        deliverer = subprocess.Popen(
+            [sys.executable, "manage.py", "lmsp_webhooks"],
+            cwd=REPO,
+            env={**os.environ, "LMSP_WEBHOOK_ALLOW_PRIVATE_TARGETS": "true", **env},
+            stdout=output,
+            stderr=output,
+        )
+
+        def tail() -> str:
+            return log.read_text()[-3000:]
+
+        try:
+            yield tail
+            deliverer.send_signal(signal.SIGTERM)
+            assert deliverer.wait(timeout=20) == 0, tail()
+        finally:
+            if deliverer.poll() is None:
+                deliverer.kill()
+                deliverer.wait()
