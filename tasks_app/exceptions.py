@@ -136,6 +136,12 @@ class WebhookEndpointNotFound(NotFound):
     code, title = "webhook_endpoint_not_found", "Webhook endpoint not found"
 
 
+class WebhookTestFailed(LmspError):
+    """Raised when a test event sent to a webhook endpoint got no HTTP answer (refused target, network, timeout)."""
+
+    status, code, title = 502, "webhook_test_failed", "Webhook test failed"
+
+
 class MethodNotAllowed(LmspError):
     """Raised when a route exists but not for the request's method."""
 

@@ -33,6 +33,7 @@ from tests.support.server import free_port
 from tests.support.sse import open_stream
 from tests.support.tasks import wait_for_status
 from tests.support.waiting import wait_until
+from tests.support.webhooks import receiving
 
 API = "/lmsp/v1/"
 SCHEMA_PATH = "/lmsp/v1/openapi.json"
@@ -594,6 +595,18 @@ def test_every_answer_is_documented_and_every_documented_answer_happens(
             call.here(method, path, url=url, token=api.token, raw="hello", content_type="text/plain")
             call.here(method, path, url=url, token=api.token, raw=big)
     call.here("DELETE", hook_path, token=api.token)
+    # A sample event: the endpoint's host does not resolve (502), then a receiver answers (200).
+    test_path, sample = f"{hook_path}/test", {"event_type": "response.completed"}
+    call.here("POST", test_path, url=f"{hook_url}/test", token=api.token, body=sample)
+    call.here("POST", test_path, token=api.token, body=sample)
+    call.here("POST", test_path, url=f"{hook_url}/test", token=api.token, body={"event_type": "batch.completed"})
+    call.here("POST", test_path, url=f"{hook_url}/test", token=api.token, raw="hello", content_type="text/plain")
+    call.here("POST", test_path, url=f"{hook_url}/test", token=api.token, raw=big)
+    with receiving() as receiver, override_settings(LMSP_WEBHOOK_ALLOW_PRIVATE_TARGETS=True):
+        answering = json.loads(call.here("POST", hooks, token=api.token, body={**hook_body, "url": receiver.url}).body)
+        call.here("POST", test_path, url=f"{API}webhook_endpoints/{answering['id']}/test", token=api.token, body=sample)
+    assert len(receiver.received) == 1
+    call.here("GET", f"{API}webhook_event_types", token=api.token)
 
     # A writer frozen with the database's lock (a stopped process): every write waits its bounded time,
     # answers 503 service_unavailable with Retry-After, and writes nothing.

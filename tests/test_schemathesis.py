@@ -40,6 +40,8 @@ def test_schemathesis_finds_the_server_true_to_its_schema(running_worker, make_c
         "LMSP_STREAM_KEEPALIVE_SECONDS": "1",
         # Enough for every generated POST /pair to reach the code check instead of the limit.
         "LMSP_PAIR_RATE": "100000/min",
+        # A sample event to a generated endpoint's URL that reaches some host gives up soon.
+        "LMSP_WEBHOOK_TIMEOUT_SECONDS": "1",
     }
     with uvicorn_process(database_url(), env) as server:
         command = [

@@ -40,7 +40,7 @@ from tasks_app.states import RestartPolicy, TaskStatus
 from tasks_app.webhook_http import AttemptOutcome
 from tests.support.db import database_url
 from tests.support.namespace import REDIS_PREFIX
-from tests.support.server import uvicorn_process
+from tests.support.server import free_port, uvicorn_process
 from tests.support.waiting import wait_until
 from tests.support.webhooks import Receiver, deliverer_process, finish_as_worker, receiving, sdk
 from tests.test_query_plans import assert_read_through, statements
@@ -168,6 +168,55 @@ def test_endpoints_are_created_listed_read_updated_rotated_and_deleted_with_the_
     with pytest.raises(openai.NotFoundError):
         alice.webhooks.retrieve(created.id)
     assert WebhookEndpoint.objects.filter(client__name="alice").count() == 2
+
+
+def test_a_sample_event_is_sent_signed_and_answered_with_the_status_the_endpoint_gave(
+    transactional_db, make_client, fast_webhooks
+):
+    _, token = make_client("alice")
+    _, other_token = make_client("bob")
+    env = {
+        "LMSP_WEBHOOK_ALLOW_PRIVATE_TARGETS": "true",
+        "LMSP_REDIS_PREFIX": fast_webhooks.LMSP_REDIS_PREFIX,
+        "REDIS_URL": fast_webhooks.REDIS_URL,
+    }
+    with receiving(statuses=[204, 500]) as receiver, uvicorn_process(database_url(), env) as web:
+        alice, bob = sdk(web.base, token), sdk(web.base, other_token)
+        assert alice.webhooks.event_types.list().data == ALL_TYPES
+        endpoint = alice.webhooks.create(name="t", url=receiver.url, event_types=ALL_TYPES[:1])
+
+        ok = alice.webhooks.test(endpoint.id, event_type="response.completed")
+        failing = alice.webhooks.test(endpoint.id, event_type="response.cancelled")
+        assert (ok.object, ok.webhook_endpoint_id, ok.event_type, ok.success) == (
+            "webhook_endpoint.test",
+            endpoint.id,
+            "response.completed",
+            True,
+        )
+        # Any answer is a result, a failing one too; and any event type, subscribed or not.
+        assert (ok.status_code, failing.status_code, failing.event_type) == (204, 500, "response.cancelled")
+        first, second = receiver.received
+        event = alice.webhooks.unwrap(first.body, first.headers, secret=endpoint.signing_secret)
+        assert event.type == "response.completed" and type(event).__name__ == "ResponseCompletedWebhookEvent"
+        # A sample: it names a response that does not exist, and nothing of it is stored or retried.
+        with pytest.raises(openai.NotFoundError):
+            alice.responses.retrieve(event.data.id)
+        assert first.headers["webhook-id"] != second.headers["webhook-id"]
+        assert not WebhookDelivery.objects.exists()
+
+        with pytest.raises(openai.BadRequestError) as unknown:
+            alice.webhooks.test(endpoint.id, event_type="batch.completed")
+        assert (unknown.value.code, unknown.value.param) == ("invalid_request", "event_type")
+        with pytest.raises(openai.NotFoundError) as foreign:
+            bob.webhooks.test(endpoint.id, event_type="response.completed")
+        assert foreign.value.code == "webhook_endpoint_not_found"
+        # No answer at all: the endpoint's port is closed.
+        alice.webhooks.update(endpoint.id, url=f"http://127.0.0.1:{free_port()}/hooks")
+        with pytest.raises(openai.APIStatusError) as unanswered:
+            alice.webhooks.test(endpoint.id, event_type="response.completed")
+        assert (unanswered.value.status_code, unanswered.value.code) == (502, "webhook_test_failed")
+        assert "refused" in str(unanswered.value)
+    assert len(receiver.received) == 2
 
 
 @pytest.mark.parametrize(

@@ -90,6 +90,12 @@ class WebhookSecretRotateInputSerializer(StrictSerializer):
     )
 
 
+class WebhookEndpointTestInputSerializer(StrictSerializer):
+    """Which event to send as a sample."""
+
+    event_type = StrictChoiceField(choices=EVENT_TYPES)
+
+
 class WebhookEndpointListQuerySerializer(ListQuerySerializer):
     def validate_after(self, value: str) -> str:
         if not re.fullmatch(WEBHOOK_ENDPOINT_ID_PATTERN, value):
@@ -124,6 +130,20 @@ class WebhookEndpointWithSecretOutputSerializer(serializers.BaseSerializer):
 
 def webhook_endpoint_deleted(endpoint_id: str) -> dict[str, Any]:
     return {"id": endpoint_id, "object": "webhook_endpoint.deleted", "deleted": True}
+
+
+def webhook_endpoint_test_result(*, endpoint_id: str, event_type: str, status_code: int) -> dict[str, Any]:
+    return {
+        "object": "webhook_endpoint.test",
+        "webhook_endpoint_id": endpoint_id,
+        "event_type": event_type,
+        "status_code": status_code,
+        "success": True,
+    }
+
+
+def webhook_event_type_list() -> dict[str, Any]:
+    return {"object": "list", "data": list(EVENT_TYPES)}
 
 
 # --- schema-only components -----------------------------------------------------------------------
@@ -161,3 +181,20 @@ class DeletedWebhookEndpointSchema(serializers.Serializer):
     id = serializers.CharField()
     object = serializers.ChoiceField(choices=["webhook_endpoint.deleted"])
     deleted = serializers.BooleanField()
+
+
+@extend_schema_serializer(component_name="WebhookEndpointTestResult")
+class WebhookEndpointTestResultSchema(serializers.Serializer):
+    object = serializers.ChoiceField(choices=["webhook_endpoint.test"])
+    webhook_endpoint_id = serializers.CharField()
+    event_type = serializers.ChoiceField(choices=EVENT_TYPES)
+    status_code = serializers.IntegerField(help_text="The HTTP status the endpoint answered (any status).")
+    success = serializers.ChoiceField(
+        choices=[True], help_text="Always true: an answer came; `status_code` says what it was."
+    )
+
+
+@extend_schema_serializer(component_name="WebhookEventTypeList")
+class WebhookEventTypeListSchema(serializers.Serializer):
+    object = serializers.ChoiceField(choices=["list"])
+    data = serializers.ListField(child=serializers.ChoiceField(choices=EVENT_TYPES))

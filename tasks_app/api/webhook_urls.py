@@ -16,4 +16,10 @@ urlpatterns = [
         webhook_views.WebhookEndpointRotateView.as_view(),
         name="webhook-endpoint-rotate",
     ),
+    path(
+        "webhook_endpoints/<str:webhook_endpoint_id>/test",
+        webhook_views.WebhookEndpointTestView.as_view(),
+        name="webhook-endpoint-test",
+    ),
+    path("webhook_event_types", webhook_views.WebhookEventTypeListView.as_view(), name="webhook-event-types"),
 ]

@@ -1,7 +1,8 @@
 """Thin views of the webhook endpoints (docs/webhooks.md): the shapes of the openai package's ``webhooks``.
 
-``client.webhooks.create/list/retrieve/update/delete/rotate_secret`` with
-``base_url=<server>/lmsp/v1`` call these. Endpoints are the client's own:
+``client.webhooks.create/list/retrieve/update/delete/rotate_secret/test``
+and ``client.webhooks.event_types.list`` with ``base_url=<server>/lmsp/v1``
+call these. Endpoints are the client's own:
 another client's id is ``404 webhook_endpoint_not_found``.
 """
 
@@ -23,16 +24,22 @@ from tasks_app.api.webhook_serializers import (
     WebhookEndpointListSchema,
     WebhookEndpointOutputSerializer,
     WebhookEndpointSchema,
+    WebhookEndpointTestInputSerializer,
+    WebhookEndpointTestResultSchema,
     WebhookEndpointUpdateInputSerializer,
     WebhookEndpointWithSecretOutputSerializer,
     WebhookEndpointWithSecretSchema,
+    WebhookEventTypeListSchema,
     WebhookSecretRotateInputSerializer,
     webhook_endpoint_deleted,
+    webhook_endpoint_test_result,
+    webhook_event_type_list,
 )
 from tasks_app.services.webhooks import (
     webhook_endpoint_create,
     webhook_endpoint_delete,
     webhook_endpoint_rotate_secret,
+    webhook_endpoint_test,
     webhook_endpoint_update,
 )
 from tasks_app.webhook_selectors import webhook_endpoint_get_own, webhook_endpoint_list_own
@@ -150,3 +157,40 @@ class WebhookEndpointRotateView(ScopedAPIView):
             endpoint=endpoint, keep_previous=data["keep_old_secret_active_for_24_hours"]
         )
         return Response(WebhookEndpointWithSecretOutputSerializer(endpoint).data)
+
+
+class WebhookEndpointTestView(ScopedAPIView):
+    scopes_by_method = {"POST": WRITE}
+
+    @operation(
+        operation_id="webhook_endpoints_test",
+        summary="Send a sample event to a webhook endpoint",
+        description="One signed POST of a sample `event_type` event (naming a response and a task that do not "
+        "exist), sent now and answered with the status the endpoint gave; not stored, not retried. No answer "
+        "at all (a refused target, the network, the timeout) is `502 webhook_test_failed`.",
+        parameters=[WEBHOOK_ENDPOINT_ID],
+        request=WebhookEndpointTestInputSerializer,
+        responses={200: WebhookEndpointTestResultSchema},
+        problems=[exc.InvalidRequest, exc.WebhookEndpointNotFound, exc.WebhookTestFailed],
+    )
+    def post(self, request: Request, webhook_endpoint_id: str) -> Response:
+        endpoint = webhook_endpoint_get_own(client=request.user, endpoint_id=webhook_endpoint_id)
+        data = _validated(WebhookEndpointTestInputSerializer, request.data)
+        event_type = data["event_type"]
+        status_code = webhook_endpoint_test(endpoint=endpoint, event_type=event_type)
+        result = webhook_endpoint_test_result(endpoint_id=endpoint.id, event_type=event_type, status_code=status_code)
+        return Response(result)
+
+
+class WebhookEventTypeListView(ScopedAPIView):
+    scopes_by_method = {"GET": READ}
+
+    @operation(
+        operation_id="webhook_event_types_list",
+        summary="The event types an endpoint can subscribe to",
+        request=None,
+        responses={200: WebhookEventTypeListSchema},
+        problems=[],
+    )
+    def get(self, request: Request) -> Response:
+        return Response(webhook_event_type_list())

@@ -37,8 +37,14 @@ from django.db.models import Q
 from django.utils import timezone
 
 from tasks_app import events
-from tasks_app.exceptions import InvalidRequest
-from tasks_app.ids import new_webhook_delivery_id, new_webhook_endpoint_id, new_webhook_event_id
+from tasks_app.exceptions import InvalidRequest, WebhookTestFailed
+from tasks_app.ids import (
+    new_response_id,
+    new_task_id,
+    new_webhook_delivery_id,
+    new_webhook_endpoint_id,
+    new_webhook_event_id,
+)
 from tasks_app.models import Client, WebhookDelivery, WebhookDeliveryStatus, WebhookEndpoint
 from tasks_app.notify import redis_client, webhooks_channel, webhooks_due_on_commit
 from tasks_app.webhook_http import (
@@ -155,6 +161,40 @@ def webhook_endpoint_delete(*, endpoint: WebhookEndpoint) -> None:
     with transaction.atomic():
         WebhookDelivery.objects.filter(endpoint_id=endpoint.pk).delete()
         WebhookEndpoint.objects.filter(pk=endpoint.pk).delete()
+
+
+def webhook_endpoint_test(*, endpoint: WebhookEndpoint, event_type: str) -> int:
+    """Send one sample event of ``event_type`` to the endpoint now, as a delivery would be sent; the HTTP status
+    it answered.
+
+    The sample names a response and a task that do not exist (fresh ids), is
+    signed with the endpoint's secrets and checked against the target rule
+    like a delivery, and is neither stored nor retried. An answer of any
+    status is an outcome; none at all (a refused target, the network, the
+    timeout) raises ``WebhookTestFailed``; it blocks for at most
+    LMSP_WEBHOOK_TIMEOUT_SECONDS per read.
+    """
+    if event_type not in EVENT_TYPES:
+        message = f"{event_type!r} is not a supported event type (supported: {', '.join(EVENT_TYPES)})"
+        raise InvalidRequest(f"event_type: {message}", errors=[{"field": "event_type", "message": message}])
+    now = timezone.now()
+    sample = TaskEnd(
+        task_id=new_task_id(), response_id=new_response_id(), client_id=endpoint.client_id, event_type=event_type
+    )
+    webhook_id = new_webhook_delivery_id()
+    outcome = webhook_post(
+        url=endpoint.url,
+        webhook_id=webhook_id,
+        payload=webhook_event_payload(event_id=new_webhook_event_id(), end=sample, now=now),
+        secrets=_signing_secrets(endpoint, now),
+        timeout=settings.LMSP_WEBHOOK_TIMEOUT_SECONDS,
+        allow_private=settings.LMSP_WEBHOOK_ALLOW_PRIVATE_TARGETS,
+    )
+    answer = f"HTTP {outcome.status_code}" if outcome.status_code is not None else outcome.error
+    logger.info("webhook test %s (%s) to endpoint %s: %s", webhook_id, event_type, endpoint.pk, answer)
+    if outcome.status_code is None:
+        raise WebhookTestFailed(f"the test event got no answer from the endpoint's URL: {outcome.error}")
+    return outcome.status_code
 
 
 def _signing_secrets(endpoint: WebhookEndpoint, now: datetime) -> tuple[str, ...]:
