@@ -5,7 +5,9 @@ On a fresh database (a new SQLite file, or ``--database-url``: an empty one):
 1. the terminal move (``lifecycle.task_succeed``) of ``--tasks`` running
    tasks, timed per call, for tasks that notify no endpoint and for tasks
    whose client has one subscribed endpoint (one SELECT and one INSERT more
-   in the same transaction);
+   in the same transaction, and a wake-up published after it): first with
+   no deliverer running, then while the deliverer (in this process: it
+   shares the GIL, and on SQLite the write lock) sends each end's delivery;
 2. those ends delivered (``--gap`` apart, so that the time is the
    deliverer's and not a queue behind a burst): a local receiver (``http.server``, 127.0.0.1)
    answers 200 to each signed POST and notes when it came; the deliverer
@@ -99,6 +101,9 @@ def main() -> None:
         return times, ended
 
     quiet_times, _ = end_all(running(quiet))
+    # The outbox alone: its rows (and the wake-up after the commit), no deliverer to contend with.
+    idle_times, _ = end_all(running(subscribed))
+    WebhookDelivery.objects.all().delete()
     subscribed_ids = running(subscribed)
     stop = threading.Event()
     deliverer = threading.Thread(target=webhook_deliveries_run, kwargs={"stop": stop}, daemon=True)
@@ -119,7 +124,12 @@ def main() -> None:
         f"ends {args.gap * 1000:.0f} ms apart while delivering"
     )
     print(f"{'task_succeed':<40}{'p50 ms':>10}{'p99 ms':>10}")
-    for label, times in (("no endpoint (no outbox query)", quiet_times), ("one endpoint (outbox row)", hook_times)):
+    cases = (
+        ("no endpoint (no outbox query)", quiet_times),
+        ("one endpoint, no deliverer running", idle_times),
+        ("one endpoint, the deliverer sending", hook_times),
+    )
+    for label, times in cases:
         print(f"{label:<40}{statistics.median(times):>10.2f}{percentile(times, 0.99):>10.2f}")
     print(
         f"delivered {len(arrived)}/{args.tasks}; commit -> receiver: p50 {statistics.median(latency):.0f} ms, "
