@@ -390,7 +390,8 @@ LMSP_RESPONSE_CANCEL_WAIT_SECONDS = float(os.environ.get("LMSP_RESPONSE_CANCEL_W
 # outbox this often (one indexed query when nothing is due): retries whose
 # backoff ended, and everything while Redis is away.
 LMSP_WEBHOOK_POLL_SECONDS = _env_float("LMSP_WEBHOOK_POLL_SECONDS", 1.0)
-# One attempt's socket timeout (connect, send, each read of the answer).
+# One attempt's socket timeout (connect, send, each read of the answer); an
+# attempt ends after 3 x this in all, however slowly its receiver answers.
 LMSP_WEBHOOK_TIMEOUT_SECONDS = _env_float("LMSP_WEBHOOK_TIMEOUT_SECONDS", 10.0)
 # A failed attempt is retried after BASE * 2^(attempts-1) seconds, capped at
 # MAX, each shortened by up to a quarter at random (jitter), until
@@ -404,7 +405,8 @@ LMSP_WEBHOOK_RETENTION_SECONDS = _env_int("LMSP_WEBHOOK_RETENTION_SECONDS", 7 * 
 # receiver holds up only its own.
 LMSP_WEBHOOK_CONCURRENCY = _env_int_at_least("LMSP_WEBHOOK_CONCURRENCY", 8, 1)
 # How long a claimed delivery is a deliverer's own; a deliverer that died
-# with it leaves it to another after this. Longer than an attempt can take.
+# with it leaves it to another after this. Longer than an attempt can take
+# (3 x LMSP_WEBHOOK_TIMEOUT_SECONDS).
 LMSP_WEBHOOK_LEASE_SECONDS = _env_float("LMSP_WEBHOOK_LEASE_SECONDS", 60.0)
 if LMSP_WEBHOOK_LEASE_SECONDS <= 3 * LMSP_WEBHOOK_TIMEOUT_SECONDS:
     raise ImproperlyConfigured("LMSP_WEBHOOK_LEASE_SECONDS must be more than 3 x LMSP_WEBHOOK_TIMEOUT_SECONDS")

@@ -26,6 +26,7 @@ import ipaddress
 import os
 import socket
 import ssl
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -37,6 +38,9 @@ USER_AGENT = "lmsp-webhooks/1.0"
 MAX_ERROR_CHARS = 500
 ANSWER_PREVIEW_BYTES = 200
 # The properties of an address that make it one deliveries may not reach, in the order they are named.
+# An attempt ends after this many socket timeouts in all, however its receiver paces its bytes (each
+# read alone stays within the timeout): a claim's lease outlasts an attempt (settings check it).
+ATTEMPT_TIMEOUTS = 3
 _FORBIDDEN = ("unspecified", "loopback", "link_local", "multicast", "private", "reserved")
 
 
@@ -139,6 +143,28 @@ def target_addresses(target: Target, *, allow_private: bool) -> list[tuple[str, 
     return addresses
 
 
+class _Watchdog:
+    """Shuts an attempt's socket down once ``seconds`` passed, so that its blocked read ends."""
+
+    def __init__(self, connection: http.client.HTTPConnection, seconds: float) -> None:
+        self.connection, self.seconds, self.fired = connection, seconds, False
+        self._timer = threading.Timer(seconds, self._fire)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def _fire(self) -> None:
+        self.fired = True
+        sock = self.connection.sock
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass  # already closed
+
+    def cancel(self) -> None:
+        self._timer.cancel()
+
+
 class _CheckedHTTPConnection(http.client.HTTPConnection):
     """Connects to the checked addresses only (never resolving the name again); Host stays the URL's."""
 
@@ -203,13 +229,17 @@ def webhook_post(
     }
     kind = _CheckedHTTPSConnection if target.scheme == "https" else _CheckedHTTPConnection
     connection = kind(target, addresses, timeout)
+    watchdog = _Watchdog(connection, ATTEMPT_TIMEOUTS * timeout)
     try:
         connection.request("POST", target.path, body=payload.encode("utf-8"), headers=headers)
         answer = connection.getresponse()
         preview = answer.read(ANSWER_PREVIEW_BYTES).decode("utf-8", "replace")
     except (OSError, http.client.HTTPException) as error:
+        if watchdog.fired:
+            return outcome(False, None, f"no answer within {watchdog.seconds:g} s (3 x LMSP_WEBHOOK_TIMEOUT_SECONDS)")
         return outcome(False, None, f"{type(error).__name__}: {error}" if str(error) else type(error).__name__)
     finally:
+        watchdog.cancel()
         connection.close()
     if 200 <= answer.status < 300:
         return outcome(True, answer.status, "")

@@ -11,10 +11,13 @@ deliverer polling every 0.1 s; nothing sleeps a fixed time.
 from __future__ import annotations
 
 import base64
+import itertools
 import json
 import multiprocessing
 import os
 import signal
+import socket
+import threading
 import urllib.request
 from datetime import timedelta
 
@@ -37,7 +40,7 @@ from tasks_app.services.webhooks import (
     webhook_endpoint_rotate_secret,
 )
 from tasks_app.states import RestartPolicy, TaskStatus
-from tasks_app.webhook_http import AttemptOutcome
+from tasks_app.webhook_http import AttemptOutcome, webhook_post
 from tests.support.db import database_url
 from tests.support.namespace import REDIS_PREFIX
 from tests.support.server import free_port, uvicorn_process
@@ -493,6 +496,44 @@ def test_claims_are_leased_once_fenced_and_read_through_the_due_index(make_clien
 
     selects = [(sql, params) for sql, params in captured if sql.startswith("SELECT") and "webhook_deliveries" in sql]
     assert_read_through("webhook_delivery_due", selects[:1])
+
+
+def test_an_attempt_ends_after_three_timeouts_however_slowly_its_receiver_answers():
+    """A receiver that sends its answer a byte at a time, each byte within the socket timeout."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    stop = threading.Event()
+
+    def drip() -> None:
+        connection, _ = listener.accept()
+        with connection:
+            connection.recv(65536)
+            # At most 20 s of it, so that an attempt that never gives up fails the test instead of hanging it.
+            for byte in itertools.islice(itertools.cycle(b"HTTP/1.1 200 OK\r\nX-Slow: "), 200):
+                if stop.wait(0.1):
+                    return
+                try:
+                    connection.sendall(bytes([byte]))
+                except OSError:
+                    return  # the attempt gave up and closed its end
+
+    dripping = threading.Thread(target=drip, daemon=True)
+    dripping.start()
+    try:
+        outcome = webhook_post(
+            url=f"http://127.0.0.1:{port}/hooks",
+            webhook_id="whmsg_slow",
+            payload="{}",
+            secrets=("whsec_" + base64.b64encode(b"k" * 32).decode(),),
+            timeout=0.4,
+            allow_private=True,
+        )
+    finally:
+        stop.set()
+        dripping.join(timeout=10)
+        listener.close()
+    assert not outcome.delivered and outcome.status_code is None
+    assert outcome.error == "no answer within 1.2 s (3 x LMSP_WEBHOOK_TIMEOUT_SECONDS)", outcome
 
 
 def test_a_target_that_turned_private_is_not_sent_to(make_client, fast_webhooks):
