@@ -289,3 +289,14 @@ def private_stack(transactional_db, make_client, worker_models_root: Path, tmp_p
                 yield PrivateStack(server.base if server else "", token, redis_server, worker, env)
 
     return start
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """With LMSP_TEST_DATABASE_FREE_DONE=1 (scripts/test's PostgreSQL pass), leave out the
+    ``database_free`` tests: they already ran in the SQLite pass, and no database changes them."""
+    if os.environ.get("LMSP_TEST_DATABASE_FREE_DONE") != "1":
+        return
+    kept = [item for item in items if item.get_closest_marker("database_free") is None]
+    if len(kept) != len(items):
+        config.hook.pytest_deselected(items=[item for item in items if item.get_closest_marker("database_free")])
+        items[:] = kept

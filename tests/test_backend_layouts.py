@@ -31,6 +31,9 @@ from workers.backends.errors import ModelLoadError
 from workers.backends.onnx import OnnxModel, OnnxRuntimeBackend
 from workers.backends.sampling import SamplingDefaults
 
+# No database here: the PostgreSQL pass of scripts/test leaves these out (tests/conftest.py).
+pytestmark = pytest.mark.database_free
+
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 MODELS = FIXTURES / "models"
 REFERENCES: dict[str, dict[str, Any]] = json.loads((FIXTURES / "model_references.json").read_text(encoding="utf-8"))[

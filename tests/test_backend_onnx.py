@@ -32,6 +32,9 @@ from workers.backends.errors import GenerationError, ModelLoadError, PromptRejec
 from workers.backends.onnx import OnnxGeneration, OnnxModel, OnnxRuntimeBackend, cuda_device_count
 from workers.backends.onnx.cuda_libs import CudaLibraries
 
+# No database here: the PostgreSQL pass of scripts/test leaves these out (tests/conftest.py).
+pytestmark = pytest.mark.database_free
+
 PROMPT = {"instructions": "Tell a story.", "input": "The lighthouse keeper climbed the stairs"}
 NON_ASCII_PROMPT = {"input": "Grüße, 東京 🚀 — café, naïve, 서울"}
 # Whether this machine can really run the CUDA provider (the CI machine cannot).

@@ -24,6 +24,9 @@ from fixture_models.demo import DEMO_SIZES, EOS_HEAD_WEIGHT, SPECIAL_TOKENS, bui
 from tasks_app.models import ModelRecord
 from tests.support.tasks import create, wait_for_status
 
+# No database here: the PostgreSQL pass of scripts/test leaves these out (tests/conftest.py).
+pytestmark = pytest.mark.database_free
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 BUILD_SCRIPT = (
     "import sys, pathlib\n"

@@ -29,6 +29,9 @@ from workers.backends.onnx import OnnxRuntimeBackend
 from workers.backends.onnx.engine import BatchEngine
 from workers.backends.onnx.model import OnnxModel
 
+# No database here: the PostgreSQL pass of scripts/test leaves these out (tests/conftest.py).
+pytestmark = pytest.mark.database_free
+
 CHUNK = 8
 LAYOUTS = sorted(REFERENCES)
 

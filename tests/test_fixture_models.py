@@ -17,6 +17,9 @@ from typing import Any
 import pytest
 from tokenizers import Tokenizer
 
+# No database here: the PostgreSQL pass of scripts/test leaves these out (tests/conftest.py).
+pytestmark = pytest.mark.database_free
+
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 MODELS = FIXTURES / "models"
 REFERENCES: dict[str, Any] = json.loads((FIXTURES / "model_references.json").read_text(encoding="utf-8"))

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
+
 from tasks_app.ids import is_prefixed_ulid, new_message_id, new_response_id, new_task_id, new_ulid
+
+# No database here: the PostgreSQL pass of scripts/test leaves these out (tests/conftest.py).
+pytestmark = pytest.mark.database_free
 
 
 def test_prefixes_and_length():

@@ -332,14 +332,15 @@ def assert_prefixed_logs(log: str) -> None:
     assert any("web.1 started" in line for line in process_lines(log, "system")), log[-4000:]
 
 
-# Set before a start: each model call waits 2 ms (tasks_app.faults), so 8,000 tokens take at least
-# 16 s and a long task is still generating when the test looks, however fast the machine.
+# Set before a start: each model call waits 2 ms (tasks_app.faults), so 3,000 tokens take at least
+# 6 s and a long task is still generating when the test stops the launcher (right after it saw it
+# running), however fast the machine.
 SLOW_DEVICE = {"LMSP_FAULT_MODEL_CALL_SECONDS": "0.002"}
 
 
 def start_long_task(launcher: Launcher, policy: str) -> str:
     """A task that is generating when the test stops the launcher (started with ``SLOW_DEVICE``)."""
-    task_id = launcher.create(tokens=8000, policy=policy)
+    task_id = launcher.create(tokens=3000, policy=policy)
     task = launcher.wait_for(task_id, {"running"} | FINISHED)
     assert task["status"] == "running", task
     return task_id

@@ -42,6 +42,9 @@ from workers.backends.onnx.session import (
     session_options,
 )
 
+# No database here: the PostgreSQL pass of scripts/test leaves these out (tests/conftest.py).
+pytestmark = pytest.mark.database_free
+
 WHERE = "model.onnx of model 'demo'"
 CUDA_BUILT = "CUDAExecutionProvider" in ort.get_available_providers()
 # Whether this machine can really run the CUDA provider (the CI machine cannot).

@@ -18,6 +18,9 @@ from workers.backends.base import SamplingParams
 from workers.backends.onnx import OnnxRuntimeBackend
 from workers.backends.onnx.model import OnnxModel
 
+# No database here: the PostgreSQL pass of scripts/test leaves these out (tests/conftest.py).
+pytestmark = pytest.mark.database_free
+
 PROMPT = list(range(5, 29))
 PARAMS = SamplingParams(max_output_tokens=400, seed=7, temperature=0.9, top_p=0.95)
 
