@@ -171,8 +171,8 @@ def webhook_endpoint_test(*, endpoint: WebhookEndpoint, event_type: str) -> int:
     signed with the endpoint's secrets and checked against the target rule
     like a delivery, and is neither stored nor retried. An answer of any
     status is an outcome; none at all (a refused target, the network, the
-    timeout) raises ``WebhookTestFailed``; it blocks for at most
-    LMSP_WEBHOOK_TIMEOUT_SECONDS per read.
+    timeout) raises ``WebhookTestFailed``. It blocks for at most 3 x
+    LMSP_WEBHOOK_TIMEOUT_SECONDS (the attempt's bound).
     """
     if event_type not in EVENT_TYPES:
         message = f"{event_type!r} is not a supported event type (supported: {', '.join(EVENT_TYPES)})"
