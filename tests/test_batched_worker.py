@@ -101,7 +101,7 @@ def test_the_demo_model_in_a_batch_ends_each_task_as_it_would_alone(lab: Lab, al
 
 def test_a_cancelled_row_stops_and_the_rows_beside_it_keep_their_text(lab: Lab, alone) -> None:
     with lab.worker("batched-cancel", pool="threads", concurrency=int(BATCH), **BATCHED, **SLOW_DEVICE) as worker:
-        bodies = [request(i, tokens=800) for i in range(4)]
+        bodies = [request(i, tokens=400) for i in range(4)]
         ids = [lab.create("fail", model=ENDLESS_MODEL, **body) for body in bodies]
         for task_id in ids:
             wait_for_deltas(task_id, 3, worker)
@@ -121,7 +121,7 @@ def test_a_cancelled_row_stops_and_the_rows_beside_it_keep_their_text(lab: Lab, 
 
 def test_a_killed_batched_worker_loses_every_row_and_each_is_recovered_by_its_policy(lab: Lab, alone) -> None:
     policies = ["resume", "retry", "fail", "resume"]
-    bodies = [request(i, tokens=1200) for i in range(len(policies))]
+    bodies = [request(i, tokens=600) for i in range(len(policies))]
     with lab.worker("batched-victim", pool="threads", concurrency=int(BATCH), **BATCHED, **SLOW_DEVICE) as worker:
         ids = [lab.create(policy, model=ENDLESS_MODEL, **body) for policy, body in zip(policies, bodies, strict=True)]
         for task_id in ids:
