@@ -179,6 +179,16 @@ SQLITE_SYNCHRONOUS = os.environ.get("LMSP_SQLITE_SYNCHRONOUS", "FULL").strip().u
 if SQLITE_SYNCHRONOUS not in {"NORMAL", "FULL"}:
     raise ImproperlyConfigured(f"LMSP_SQLITE_SYNCHRONOUS must be NORMAL or FULL, got {SQLITE_SYNCHRONOUS!r}")
 
+# PostgreSQL only: how fast a silent peer is given up on (see the OPTIONS below). The server ends a
+# session whose transaction stays idle this long (a worker frozen or cut off between two statements);
+# no transaction of the service is idle for more than milliseconds between its statements.
+LMSP_DB_IDLE_IN_TRANSACTION_SECONDS = _env_float("LMSP_DB_IDLE_IN_TRANSACTION_SECONDS", 10.0)
+LMSP_DB_CONNECT_TIMEOUT_SECONDS = _env_int("LMSP_DB_CONNECT_TIMEOUT_SECONDS", 5)
+LMSP_DB_KEEPALIVE_IDLE_SECONDS = _env_int("LMSP_DB_KEEPALIVE_IDLE_SECONDS", 5)
+LMSP_DB_KEEPALIVE_INTERVAL_SECONDS = _env_int("LMSP_DB_KEEPALIVE_INTERVAL_SECONDS", 2)
+LMSP_DB_KEEPALIVE_COUNT = _env_int("LMSP_DB_KEEPALIVE_COUNT", 3)
+LMSP_DB_TCP_USER_TIMEOUT_SECONDS = _env_float("LMSP_DB_TCP_USER_TIMEOUT_SECONDS", 10.0)
+
 _db = dj_database_url.parse(DATABASE_URL, conn_max_age=_env_int("LMSP_DB_CONN_MAX_AGE", 60))
 if _db["ENGINE"] == "django.db.backends.sqlite3":
     # Django's backend, with a process's writers queued on a lock instead of
@@ -205,8 +215,31 @@ if _db["ENGINE"] == "django.db.backends.sqlite3":
     _db["CONN_HEALTH_CHECKS"] = False
 else:
     _db["CONN_HEALTH_CHECKS"] = True
-    # Row locks are waited on for a bounded time as well (tasks_app/db_locks.py).
-    _db.setdefault("OPTIONS", {})["options"] = f"-c lock_timeout={int(LMSP_DB_LOCK_TIMEOUT_SECONDS * 1000)}"
+    # Row locks are waited on for a bounded time as well (tasks_app/db_locks.py); and a client that goes
+    # silent (a host cut off, a frozen process) loses its session, and with it every lock it held, within
+    # seconds instead of the kernel's keepalive defaults (2 h 11 min): the server ends a transaction left
+    # idle for LMSP_DB_IDLE_IN_TRANSACTION_SECONDS and probes or drops a silent connection; the client side
+    # gives up on a connect, or on unacknowledged data, as fast (docs/scaling.md).
+    _idle_ms = int(LMSP_DB_IDLE_IN_TRANSACTION_SECONDS * 1000)
+    _user_timeout_ms = int(LMSP_DB_TCP_USER_TIMEOUT_SECONDS * 1000)
+    _db.setdefault("OPTIONS", {})["options"] = " ".join(
+        [
+            f"-c lock_timeout={int(LMSP_DB_LOCK_TIMEOUT_SECONDS * 1000)}",
+            f"-c idle_in_transaction_session_timeout={_idle_ms}",
+            f"-c tcp_keepalives_idle={LMSP_DB_KEEPALIVE_IDLE_SECONDS}",
+            f"-c tcp_keepalives_interval={LMSP_DB_KEEPALIVE_INTERVAL_SECONDS}",
+            f"-c tcp_keepalives_count={LMSP_DB_KEEPALIVE_COUNT}",
+            f"-c tcp_user_timeout={_user_timeout_ms}",
+        ]
+    )
+    _db["OPTIONS"] |= {
+        "connect_timeout": LMSP_DB_CONNECT_TIMEOUT_SECONDS,
+        "keepalives": 1,
+        "keepalives_idle": LMSP_DB_KEEPALIVE_IDLE_SECONDS,
+        "keepalives_interval": LMSP_DB_KEEPALIVE_INTERVAL_SECONDS,
+        "keepalives_count": LMSP_DB_KEEPALIVE_COUNT,
+        "tcp_user_timeout": _user_timeout_ms,
+    }
 DATABASES = {"default": _db}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 

@@ -27,7 +27,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import OperationalError, connection
+from django.db import DatabaseError, InterfaceError, OperationalError, connection
 from django.db.models import DateTimeField, Func
 from django.db.models.functions import Now
 from django.utils import timezone
@@ -47,6 +47,24 @@ def is_lock_timeout(error: BaseException) -> bool:
     if getattr(cause, "sqlstate", None) == _PG_LOCK_NOT_AVAILABLE:
         return True
     return any(text in str(error) for text in _SQLITE_LOCKED)
+
+
+# The server ended the session's transaction (idle_in_transaction_session_timeout: a silent client).
+_PG_SESSION_ENDED = ("25P03",)
+
+
+def is_database_unavailable(error: BaseException) -> bool:
+    """Whether ``error`` says the database cannot be reached or written now, rather than something about a row.
+
+    A connection that failed or was closed, a server that ended the session
+    (restart, ``idle_in_transaction_session_timeout``), a file SQLite cannot
+    open, and a lock wait that ran out: in each case the transaction wrote
+    nothing, and the same work may succeed once the database is back.
+    """
+    if isinstance(error, OperationalError | InterfaceError):
+        return True
+    cause = error.__cause__
+    return isinstance(error, DatabaseError) and getattr(cause, "sqlstate", None) in _PG_SESSION_ENDED
 
 
 def busy_error(error: BaseException | None = None) -> DatabaseBusy:

@@ -93,17 +93,18 @@ def _run(pending: queue.Queue) -> None:
 
 
 def _send(task_ids: list[str]) -> None:
-    sent: list[str] = []
+    if not task_ids:
+        return
+    # Markers first (one round trip): a worker that takes a message at once clears a marker already there.
+    broker.dispatch_markers_set(task_ids=task_ids)
     for index, task_id in enumerate(task_ids):
         try:
             broker.run_message_send(task_id=task_id)
         except broker.UNREACHABLE as exc:
             # The rest would fail the same way, each after its own timeout.
             left = task_ids[index:]
+            broker.dispatch_markers_clear(task_ids=left)
             logger.warning(
                 "could not dispatch %d task(s) (the sweeper will retry): %s: %s", len(left), ", ".join(left[:10]), exc
             )
             break
-        sent.append(task_id)
-    if sent:
-        broker.dispatch_markers_set(task_ids=sent)

@@ -150,6 +150,10 @@ class _Write:
 
 
 def _apply(task_id: str, write: _Write) -> TransitionResult:
+    # Encoded before the lock: a batch's deltas and snapshot row cost the other writers nothing
+    # (bench/write_lock_hold.py).
+    known = [events.encoded(event) for event in write.events]
+    snapshot = _snapshot_encoded(write.snapshot)
     # A lock wait that runs out (a frozen writer holds it) is DatabaseBusy: nothing was written.
     with busy_as_unavailable(), transaction.atomic(savepoint=False):
         # Read once the lock is ours (SQLite's BEGIN IMMEDIATE waited for it
@@ -164,17 +168,17 @@ def _apply(task_id: str, write: _Write) -> TransitionResult:
             raise TaskNotFound(f"task {task_id} does not exist") from None
         if not won:
             return TransitionResult(won=False, task=task)
-        specs = list(write.events)
+        specs = known
         if write.response is not None or write.opening or write.closing:
             # Only moves that change or show the response read it: a batch of
             # deltas need not load the prompt and output it does not touch.
             task.response = response = _response_update(task, write, now)
             if write.opening:
-                specs.insert(0, write.opening(response))
+                specs.insert(0, events.encoded(write.opening(response)))
             if write.closing:
-                specs.append(write.closing(response))
+                specs.append(events.encoded(write.closing(response)))
         rows = _events_insert(task, specs, now)
-        _snapshots_keep(task, write, now)
+        _snapshots_keep(task, write, snapshot, now)
         if task.notify_webhooks and task.status in states.TERMINAL:
             # The outbox rows commit with the task's end, or neither does (docs/webhooks.md).
             end = TaskEnd(task.id, task.response_id, task.client_id, str(specs[-1].type))
@@ -208,28 +212,64 @@ def _response_update(task: Task, write: _Write, now: datetime) -> Response:
     return response
 
 
-def _events_insert(task: Task, specs: Sequence[Event], now: datetime) -> list[TaskEvent]:
+def _events_insert(task: Task, specs: Sequence[events.Encoded], now: datetime) -> list[TaskEvent]:
+    """Insert the events numbered up to the task's ``last_sequence``: one multi-row INSERT per 100 events.
+
+    Written out rather than ``bulk_create``: the ORM's per-field preparation
+    of every row cost most of a batch commit's time, all of it under the
+    write lock (bench/write_lock_hold.py).
+    """
     first = task.last_sequence - len(specs) + 1
-    rows = [_event_row(task.id, first + offset, event, now) for offset, event in enumerate(specs)]
-    if rows:
-        TaskEvent.objects.bulk_create(rows)
+    rows = [
+        TaskEvent(
+            task_id=task.id,
+            sequence_number=first + offset,
+            type=spec.type,
+            payload=spec.payload(first + offset),
+            created_at=now,
+        )
+        for offset, spec in enumerate(specs)
+    ]
+    stamp = connection.ops.adapt_datetimefield_value(now)
+    with connection.cursor() as cursor:
+        for start in range(0, len(rows), _EVENTS_PER_INSERT):
+            chunk = rows[start : start + _EVENTS_PER_INSERT]
+            values = ", ".join(["(%s, %s, %s, %s, %s)"] * len(chunk))
+            params = [v for row in chunk for v in (row.task_id, row.sequence_number, row.type, row.payload, stamp)]
+            cursor.execute(f"{_EVENT_INSERT} {values}", params)
     return rows
 
 
-def _snapshots_keep(task: Task, write: _Write, now: datetime) -> None:
+_EVENT_INSERT = f"INSERT INTO {TaskEvent._meta.db_table} (task_id, sequence_number, type, payload, created_at) VALUES"
+# Rows per statement: 5 parameters a row stays far below SQLite's oldest limit of 999.
+_EVENTS_PER_INSERT = 100
+
+
+def _snapshot_encoded(snapshot: Mapping[str, Any] | None) -> tuple[str, str] | None:
+    """A snapshot row's two JSON columns, ``token_ids`` and ``state``, as ``TaskSnapshot`` stores them."""
+    if snapshot is None:
+        return None
+    field = TaskSnapshot._meta.get_field("state")
+    return field.get_prep_value(list(snapshot.get("token_ids", ()))), field.get_prep_value(dict(snapshot["state"]))
+
+
+def _snapshots_keep(task: Task, write: _Write, snapshot: tuple[str, str] | None, now: datetime) -> None:
     if task.status in states.TERMINAL or write.drop_snapshots:
         # A finished task is never resumed; a rerun starts from nothing.
         TaskSnapshot.objects.filter(task_id=task.id).delete()
-    elif write.snapshot is not None:
+    elif snapshot is not None:
         # One INSERT per batch: ``token_ids`` are the ids generated since the
         # previous row, ``state`` the small rest (see TaskSnapshot).
-        TaskSnapshot.objects.create(
-            task_id=task.id,
-            sequence_number=task.last_sequence,
-            token_ids=list(write.snapshot.get("token_ids", ())),
-            state=dict(write.snapshot["state"]),
-            created_at=now,
-        )
+        token_ids, state = snapshot
+        stamp = connection.ops.adapt_datetimefield_value(now)
+        with connection.cursor() as cursor:
+            cursor.execute(_SNAPSHOT_INSERT, (task.id, task.last_sequence, token_ids, state, stamp))
+
+
+_SNAPSHOT_INSERT = (
+    f"INSERT INTO {TaskSnapshot._meta.db_table} (task_id, sequence_number, token_ids, state, created_at) "
+    "VALUES (%s, %s, %s, %s, %s)"
+)
 
 
 # --------------------------------------------------------------------------- #
@@ -279,7 +319,7 @@ def task_insert(
             created_at=now,
             updated_at=now,
         )
-        _events_insert(task, [events.created(response)], now)
+        _events_insert(task, [events.encoded(events.created(response))], now)
     return task
 
 
@@ -294,9 +334,11 @@ _BEAT = ("heartbeat_at",)
 def task_claim(*, task_id: str, worker: str) -> TransitionResult:
     """``queued -> loading`` for ``worker``: of several deliveries of one task, one wins.
 
-    Counts the attempt and starts the output count over.
+    Counts the attempt, starts the output count over and marks where the
+    attempt's events begin (a claim writes none): an earlier attempt's output
+    item is never this one's, even while this one has opened none.
     """
-    columns = {"worker": worker, "attempts": F("attempts") + 1, "output_tokens": 0}
+    columns = {"worker": worker, "attempts": F("attempts") + 1, "output_tokens": 0, "attempt_after": F("last_sequence")}
     return _apply(task_id, _Write(MOVES["task_claim"], task=columns, stamped=_BEAT))
 
 

@@ -8,7 +8,7 @@ event types are ``tasks_app.states`` and ``tasks_app.events``.
 from __future__ import annotations
 
 from django.db import models
-from django.db.models import Q
+from django.db.models import F, Q
 
 from tasks_app import events, states
 from tasks_app.fields import EventPayloadField, JSONTextField
@@ -180,6 +180,10 @@ class Task(models.Model):
     response = models.OneToOneField(Response, on_delete=models.PROTECT, related_name="task")
     last_sequence = models.IntegerField(default=0, help_text="sequence_number of the newest event")
     attempts = models.IntegerField(default=0, help_text="How many times a worker started the task")
+    attempt_after = models.IntegerField(
+        default=0,
+        help_text="sequence_number of the newest event when the current attempt was claimed: its events follow it",
+    )
     output_tokens = models.IntegerField(default=0, help_text="Output tokens committed so far (this attempt)")
     cancel_requested_at = models.DateTimeField(
         null=True, blank=True, help_text="When a cancel moved the task to cancelling (for cancel latency)"
@@ -203,6 +207,11 @@ class Task(models.Model):
             models.CheckConstraint(condition=Q(type__in=TaskType.values), name="task_type_valid"),
             models.CheckConstraint(condition=Q(last_sequence__gte=0), name="task_last_sequence_non_negative"),
             models.CheckConstraint(condition=Q(output_tokens__gte=0), name="task_output_tokens_non_negative"),
+            # An attempt begins inside the task's own log.
+            models.CheckConstraint(
+                condition=Q(attempt_after__gte=0) & Q(attempt_after__lte=F("last_sequence")),
+                name="task_attempt_after_in_log",
+            ),
             # A failed task always says why.
             models.CheckConstraint(
                 condition=~Q(status=TaskStatus.FAILED) | Q(error__isnull=False), name="task_failed_has_error"

@@ -187,6 +187,11 @@ def finished_key() -> str:
     return metrics_key("finished")
 
 
+def recovery_errors_key() -> str:
+    """Hash: where recovery ran (``RECOVERY_ERROR_SOURCES``) -> tasks whose recovery raised there."""
+    return metrics_key("recovery_errors")
+
+
 def workers_key() -> str:
     """Sorted set: worker node name -> unix time of its newest report."""
     return metrics_key("workers")
@@ -275,14 +280,27 @@ def task_finished_count(*, status: str, count: int = 1) -> None:
     A failure is logged (rate-limited) and dropped: the counter then misses
     that task, which Prometheus reads as a slightly lower rate, never as an error.
     """
+    _counter_add(finished_key(), status, count, what="a finished task")
+
+
+def _counter_add(key: str, name: str, count: int, *, what: str) -> None:
     try:
         pipe = metrics_redis().pipeline(transaction=False)
-        pipe.hincrby(finished_key(), status, count)
+        pipe.hincrby(key, name, count)
         # Nothing of an installation lingers once it is gone (a test run, a renamed prefix).
-        pipe.expire(finished_key(), settings.LMSP_METRICS_WORKER_TTL_SECONDS)
+        pipe.expire(key, settings.LMSP_METRICS_WORKER_TTL_SECONDS)
         pipe.execute()
     except (redis.RedisError, OSError) as exc:
-        _finished_warning("could not count a finished task in Redis: %s", exc)
+        _finished_warning(f"could not count {what} in Redis: %s", exc)
+
+
+# Where a recovery runs, the label values of ``lmsp_recovery_errors_total`` (all always present).
+RECOVERY_ERROR_SOURCES = ("startup", "reaper", "pool_process_lost", "hand_back")
+
+
+def recovery_error_count(*, source: str, count: int = 1) -> None:
+    """Add ``count`` tasks whose recovery raised at ``source``; never raises (as :func:`task_finished_count`)."""
+    _counter_add(recovery_errors_key(), source, count, what="a recovery error")
 
 
 # --------------------------------------------------------------------------- #
@@ -314,6 +332,7 @@ class RedisReadout:
 
     up: bool
     finished: dict[str, int] = field(default_factory=dict)
+    recovery_errors: dict[str, int] = field(default_factory=dict)
     queues: dict[str, int] | None = None
     workers: dict[str, dict[str, float]] = field(default_factory=dict)
     # worker process (<node>/<pid>) -> its gauges' fields
@@ -337,12 +356,13 @@ def metrics_redis_read() -> RedisReadout:
     try:
         pipe = client.pipeline(transaction=False)
         pipe.hgetall(finished_key())
+        pipe.hgetall(recovery_errors_key())
         pipe.zrangebyscore(workers_key(), now - settings.LMSP_METRICS_WORKER_TTL_SECONDS, "+inf")
         pipe.zrangebyscore(processes_key(), now - GAUGE_TTL_SECONDS, "+inf")
         if same_broker:
             for queue in queues:
                 pipe.llen(queue)
-        finished, nodes, processes, *lengths = pipe.execute()
+        finished, recovery_errors, nodes, processes, *lengths = pipe.execute()
         node_names = [node.decode() for node in nodes]
         process_names = [process.decode() for process in processes]
         pipe = client.pipeline(transaction=False)
@@ -355,6 +375,7 @@ def metrics_redis_read() -> RedisReadout:
         readout = RedisReadout(
             up=True,
             finished={key.decode(): int(value) for key, value in finished.items()},
+            recovery_errors={key.decode(): int(value) for key, value in recovery_errors.items()},
             workers={node: _decoded(raw) for node, raw in zip(node_names, node_hashes, strict=True) if raw},
             processes={name: _decoded(raw) for name, raw in zip(process_names, process_hashes, strict=True) if raw},
         )
@@ -501,6 +522,14 @@ class ScrapeCollector:
             for status in map(str, states.in_declaration_order(states.TERMINAL)):
                 finished.add_metric([status], readout.finished.get(status, 0))
             yield finished
+            errors = CounterMetricFamily(
+                "lmsp_recovery_errors",
+                "Tasks whose recovery raised (logged with the task id; left for the next round), by where it ran.",
+                labels=["source"],
+            )
+            for source in RECOVERY_ERROR_SOURCES:
+                errors.add_metric([source], readout.recovery_errors.get(source, 0))
+            yield errors
         if readout.queues is not None:
             queues = GaugeMetricFamily(
                 "lmsp_broker_queue_messages",

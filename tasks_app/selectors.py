@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from django.db.models import Count, Q, QuerySet
+from django.db.models import Count, F, Q, QuerySet
 
 from tasks_app import events, states
 from tasks_app.events import EventType
@@ -296,15 +296,22 @@ def task_output_text(*, task_id: str) -> tuple[str | None, str]:
 def task_outputs_text(*, task_ids: Sequence[str]) -> dict[str, tuple[str, str]]:
     """:func:`task_output_text` of many tasks in two queries: ``{task id: (item id, text)}``.
 
-    Tasks without an output item are left out.
+    Tasks whose current attempt opened no output item (claimed, then
+    cancelled or failed before its start) are left out, even when an earlier
+    attempt opened one: that text was dropped when the task ran again.
     """
     if not task_ids:
         return {}
     opened: dict[str, tuple[int, str]] = {}
-    added = TaskEvent.objects.filter(task_id__in=task_ids, type=EventType.OUTPUT_ITEM_ADDED)
+    added = TaskEvent.objects.filter(
+        task_id__in=task_ids, type=EventType.OUTPUT_ITEM_ADDED, sequence_number__gt=F("task__attempt_after")
+    )
     for task_id, sequence, payload in added.values_list("task_id", "sequence_number", "payload"):
         if task_id not in opened or sequence > opened[task_id][0]:
             opened[task_id] = (sequence, payload)
+    if not opened:
+        # None opened an item (claimed, then cancelled or failed before its start): no text to read.
+        return {}
     texts: dict[str, list[str]] = {task_id: [] for task_id in opened}
     # The earliest opening bounds every task's deltas, so the index skips older attempts' text.
     first = min(sequence for sequence, _ in opened.values())
@@ -381,7 +388,12 @@ def task_output_text_until(*, task_id: str, last_sequence: int) -> str:
     while the worker keeps committing.
     """
     opened = (
-        TaskEvent.objects.filter(task_id=task_id, type=EventType.OUTPUT_ITEM_ADDED, sequence_number__lte=last_sequence)
+        TaskEvent.objects.filter(
+            task_id=task_id,
+            type=EventType.OUTPUT_ITEM_ADDED,
+            sequence_number__gt=F("task__attempt_after"),
+            sequence_number__lte=last_sequence,
+        )
         .order_by("-sequence_number")
         .values_list("sequence_number", flat=True)
         .first()

@@ -31,6 +31,25 @@ from tests.support.waiting import wait_until
 from tests.support.worker import RedisServer, WorkerProcess, celery_worker, maintenance_queue, private_redis
 
 WORKER_QUEUE = f"{REDIS_PREFIX}-work"
+
+
+def _test_process_keeps_idle_transactions() -> None:
+    """The test process itself (not its servers and workers) may hold a transaction while it waits on a child.
+
+    pytest-django's ``db`` fixture wraps a test in one transaction, and a test
+    may sit in it for longer than the service's
+    ``idle_in_transaction_session_timeout`` while it waits for a process; the
+    server must not end the harness's session for that. Children get the
+    service's own settings (``tests/test_cut_off_workers.py`` relies on them).
+    """
+    from django.conf import settings
+
+    options = settings.DATABASES["default"].get("OPTIONS", {})
+    if "idle_in_transaction_session_timeout" in options.get("options", ""):
+        options["options"] += " -c idle_in_transaction_session_timeout=0"
+
+
+_test_process_keeps_idle_transactions()
 # What _redis_namespace found outside the run's namespace, for the end of the report.
 _NAMESPACE_WARNINGS: list[str] = []
 

@@ -16,7 +16,7 @@ from tasks_app.models import Task
 from tasks_app.notify import key, redis_client
 from tasks_app.services.dispatch import queued_tasks_sweep
 from tasks_app.states import TaskStatus
-from tests.support.queues import queued_ids
+from tests.support.queues import drop_messages, queued_ids
 from tests.support.waiting import wait_until
 
 
@@ -55,18 +55,55 @@ def test_the_sweeper_resends_queued_tasks_whose_message_is_unaccounted_for(api, 
     young = api.create_task("young").json()["id"]
     finished = api.create_task("finished").json()["id"]
     api.post(f"/lmsp/v1/tasks/{finished}/cancel")
-    # Redis restarted without persistence: queue and markers are gone.
+    # Their messages and markers are gone (a Redis restarted without persistence); kept's message came back.
+    kept_message = next(raw for raw in redis_client().lrange(queue, 0, -1) if kept in message_ids(raw))
     redis_client().delete(queue, key("dispatched", lost), key("dispatched", young), key("dispatched", finished))
+    redis_client().lpush(queue, kept_message)
     for task_id in (lost, kept, finished):
         _age(task_id, 60)
 
     sent = queued_tasks_sweep(grace_seconds=30)
 
     assert sent == [lost]
-    assert queued_ids(queue) == [lost]
+    assert queued_ids(queue) == [kept, lost]
     assert marked(lost)
     assert queued_tasks_sweep(grace_seconds=30) == []
     assert Task.objects.get(pk=finished).status == TaskStatus.CANCELLED
+
+
+def message_ids(raw: bytes) -> list[str]:
+    return json.loads(base64.b64decode(json.loads(raw)["body"]))[0]
+
+
+def test_the_sweeper_resends_a_marked_task_whose_message_is_gone(api, queue):
+    # The marker outlived its message: a worker killed holding it, or a sender killed between marker and send.
+    gone = api.create_task("gone").json()["id"]
+    waiting = api.create_task("waiting").json()["id"]
+    drop_messages(queue, [gone])
+    for task_id in (gone, waiting):
+        _age(task_id, 60)
+    assert marked(gone) and marked(waiting)
+
+    assert queued_tasks_sweep(grace_seconds=30) == [gone]
+
+    assert sorted(queued_ids(queue)) == sorted([gone, waiting])
+    assert queued_tasks_sweep(grace_seconds=30) == []
+
+
+def test_a_marked_task_whose_message_a_killed_worker_holds_is_sent_again(api, queue):
+    task_id = api.create_task("taken").json()["id"]
+    _age(task_id, 60)
+    # A worker took the message (kombu keeps it unacknowledged for the visibility timeout, 12 h) and was
+    # killed before it cleared the marker: only the queue vouches for a task, so it goes out again.
+    raw = redis_client().rpop(queue)
+    tag = f"test-{task_id}"
+    redis_client().hset("unacked", tag, json.dumps([json.loads(raw), "", queue]))
+    try:
+        assert marked(task_id)
+        assert queued_tasks_sweep(grace_seconds=30) == [task_id]
+    finally:
+        redis_client().hdel("unacked", tag)
+    assert queued_ids(queue) == [task_id]
 
 
 def test_the_sweeper_uses_the_configured_grace(api, queue):

@@ -290,3 +290,23 @@ def test_a_batch_of_deltas_costs_a_fixed_number_of_queries(new_task, django_asse
 
     assert result.won
     assert len(result.events) == 16
+
+
+@pytest.mark.database_free
+@pytest.mark.parametrize("text", ["", "plain", 'quote " and \\ backslash', "ünïcödé ✓ 🙂", "\n\t\x00"])
+def test_an_event_encoded_before_its_number_is_the_same_bytes_as_one_encoded_with_it(text):
+    from tasks_app import events
+
+    built = [
+        events.output_item_added("msg_1"),
+        events.content_part_added("msg_1"),
+        events.output_text_delta("msg_1", text),
+        events.output_text_done("msg_1", text),
+        events.content_part_done("msg_1", text),
+        events.output_item_done("msg_1", text, "completed"),
+    ]
+    for event in built:
+        for number in (0, 7, 12345):
+            assert events.encoded(event).payload(number) == events.encode(event.type, number, event.fields)
+    with pytest.raises(ValueError):
+        events.encoded(events.Event(events.EventType.OUTPUT_TEXT_DELTA, {"sequence_number": 3}))

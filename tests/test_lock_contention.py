@@ -7,6 +7,7 @@ or the task row's lock on PostgreSQL, until the test sends SIGCONT.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -33,7 +34,7 @@ from tests.support.namespace import REDIS_PREFIX
 from tests.support.server import uvicorn_process
 from tests.support.sse import call_with_headers
 from tests.support.waiting import wait_until
-from tests.support.worker import celery_worker, process_stopped
+from tests.support.worker import celery_worker, kill_process_group, maintenance_queue, process_stopped
 
 S = TaskStatus
 WORKER = "test@host/1"
@@ -120,6 +121,98 @@ def test_a_worker_frozen_inside_its_commit_gets_503s_and_skipped_rows_not_waits(
         assert sequences == list(range(done.last_sequence + 1))
         status, _, _ = call_with_headers(web.base, "POST", "/lmsp/v1/tasks", token=token, body=body)
         assert status == 202
+
+
+def _deltas(task_id: str) -> str:
+    rows = TaskEvent.objects.filter(task_id=task_id, type="response.output_text.delta").order_by("sequence_number")
+    return "".join(json.loads(payload)["delta"] for payload in rows.values_list("payload", flat=True))
+
+
+@pytest.mark.slow
+def test_a_writer_frozen_inside_its_commit_costs_the_other_rows_nothing_they_committed(
+    lab_env: dict[str, str], make_client, tmp_path: Path
+):
+    """Issue 24: one worker frozen inside a commit (SIGSTOP), another generating a ``resume`` task beside it.
+
+    SQLite: the frozen process holds the only write lock, so the other worker cannot commit; after the
+    heartbeat timeout it stops its row and hands the task back by its policy (or, the lock still held, leaves
+    it to the reaper): the ``resume`` task is resumed from what it committed, never failed. PostgreSQL: the
+    frozen process holds only its own task's row, the other runs on untouched, and the server ends the frozen
+    session's transaction, so the reaper takes the frozen task while its process is still stopped.
+    """
+    client, _ = make_client("alice")
+    timeouts = {
+        # Room for a loaded machine: the steady worker must not look dead while it can write.
+        "LMSP_HEARTBEAT_TIMEOUT_SECONDS": "6",
+        "LMSP_REAP_INTERVAL_SECONDS": "1",
+        "LMSP_SWEEP_INTERVAL_SECONDS": "1",
+        "LMSP_SWEEP_GRACE_SECONDS": "1",
+        "LMSP_DB_IDLE_IN_TRANSACTION_SECONDS": "2",
+        # Slowed model calls: both rows are still generating at the freeze, however fast the machine.
+        "LMSP_FAULT_MODEL_CALL_SECONDS": "0.002",
+    }
+    env = {**lab_env, **timeouts}
+    queue = lab_env["LMSP_TASK_QUEUE"]
+
+    def create(policy: str) -> str:
+        request = {"model": ENDLESS_MODEL, "input": "Tell me a long story", "max_output_tokens": 3000}
+        reply = task_create(
+            client=client, request=request, on_restart=policy, idempotency_key=f"k-{policy}", request_hash="h"
+        )
+        return reply.body["id"]
+
+    with (
+        celery_worker(
+            env=env,
+            queue=maintenance_queue(queue),
+            log_path=tmp_path / "maintenance.log",
+            name="maintenance",
+            beat=True,
+            maintenance=False,
+        ),
+        celery_worker(env=env, queue=queue, log_path=tmp_path / "steady.log", name="steady") as steady,
+    ):
+        beside = create("resume")
+        _running_pid(beside, steady)
+        with celery_worker(
+            env={**env, "LMSP_FAULT_FREEZE": "task_progress@3"},
+            queue=queue,
+            log_path=tmp_path / "freezer.log",
+            name="freezer",
+        ) as freezer:
+            frozen = create("fail")
+            pid = _running_pid(frozen, freezer)
+            wait_until(lambda: process_stopped(pid), what=lambda: f"no freeze:\n{freezer.log()[-3000:]}")
+            if connection.vendor == "sqlite":
+                steady.wait_for_log(f"task {beside} stopped: task_progress", timeout=60)
+                kill_process_group(freezer.proc)  # the frozen writer dies: the lock is free again
+            else:
+                # The server ended the frozen session: the reaper takes its task while the process still sleeps.
+                wait_until(
+                    lambda: Task.objects.get(pk=frozen).status == S.FAILED,
+                    what=lambda: f"the frozen task was not reaped:\n{steady.log()[-2000:]}",
+                    timeout=60,
+                )
+                assert process_stopped(pid)
+                kill_process_group(freezer.proc)
+        done = wait_until(
+            lambda: Task.objects.filter(pk=beside, status=S.SUCCEEDED).first(),
+            what=lambda: f"the task beside did not finish:\n{steady.log()[-3000:]}",
+            timeout=120,
+        )
+        ended = wait_until(lambda: Task.objects.filter(pk=frozen, status=S.FAILED).first(), what="not reaped")
+
+    # Beside: one output item, every committed delta kept, the text is its deltas; never a backend_error.
+    log = list(TaskEvent.objects.filter(task_id=beside).order_by("sequence_number").values_list("type", flat=True))
+    assert log.count("response.output_item.added") == 1 and log[-1] == "response.incomplete"
+    assert done.response.output[0]["content"][0]["text"] == _deltas(beside)
+    assert done.attempts == (2 if connection.vendor == "sqlite" else 1)
+    if connection.vendor == "sqlite":
+        assert "adopted to resume" in steady.log()
+    # The frozen task: its policy (fail), server_restarted, and the text it had committed.
+    assert ended.error["code"] == "server_restarted"
+    assert ended.response.output[0]["content"][0]["text"] == _deltas(frozen)
+    assert "backend_error" not in steady.log()
 
 
 def _wait_stale(task_id: str, *, seconds: float) -> None:

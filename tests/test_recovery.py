@@ -12,19 +12,23 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tasks_app.models import Response, Task, TaskEvent, TaskSnapshot
 from tasks_app.states import RestartPolicy, TaskStatus
 from tests.support.demo import ENDLESS_MODEL
 from tests.support.lab import Lab
-from tests.support.server import uvicorn_process
+from tests.support.server import REPO, uvicorn_process
 from tests.support.sse import call, open_stream
 from tests.support.waiting import wait_until
-from tests.support.worker import WorkerProcess, celery_worker, kill_process_group, maintenance_queue
+from tests.support.worker import WorkerProcess, kill_process_group
 
 TERMINAL = {"succeeded", "failed", "cancelled"}
 LONG = 3000
@@ -213,6 +217,69 @@ def test_running_and_cancelling_tasks_killed_mid_generation(lab: Lab):
 
 
 # --------------------------------------------------------------------------- #
+# Cancelled before its first token, then its worker dies: recovery must not stop on it
+# --------------------------------------------------------------------------- #
+
+
+def recover_in_a_process(lab: Lab) -> subprocess.CompletedProcess:
+    """``manage.py lmsp_recover`` as the quick start runs it: its own process, its exit status."""
+    return subprocess.run(
+        [sys.executable, "manage.py", "lmsp_recover", "--inspect-timeout", "0.5"],
+        cwd=REPO,
+        env={**os.environ, **lab.env, "LMSP_TASK_QUEUE": lab.queue},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+@pytest.mark.parametrize("recovery", ["lmsp_recover", "reaper"])
+def test_a_task_cancelled_while_loading_whose_worker_died_is_recovered_with_the_rest(
+    lab: Lab, tmp_path: Path, recovery: str
+):
+    # Issue 24: claim (loading), cancel before the first token (cancelling), kill -9, recover. Such a
+    # task has no output item; its recovery raised and stopped every task of its page with it.
+    with stalled_model(lab):
+        page = {policy: lab.create(policy, model="stall") for policy in RestartPolicy.values}
+        cancelled = lab.create("resume", model="stall")
+        with lab.worker("loader", concurrency=4) as worker:
+            for task_id in (*page.values(), cancelled):
+                lab.wait_for(task_id, {"loading"}, worker)
+            reply = lab.api.post(f"/lmsp/v1/tasks/{cancelled}/cancel")
+            assert reply.json()["status"] == "cancelling"
+            kill_process_group(worker.proc)
+    # A read of the response meanwhile shows it without output (it raised the same way).
+    response_id = lab.task(cancelled)["response_id"]
+    reply = lab.api.get(f"/lmsp/v1/responses/{response_id}")
+    assert reply.status_code == 200, reply.content
+    assert reply.json()["output"] == []
+
+    if recovery == "lmsp_recover":
+        done = recover_in_a_process(lab)
+        assert done.returncode == 0, done.stderr
+        counts = summary_counts(done.stdout)
+        assert (counts["cancelled"], counts["failed"], counts["queued"]) == (1, 1, 2), done.stdout
+        assert counts["could not be recovered (next round)"] == 0
+    else:
+        with lab.maintenance(LMSP_HEARTBEAT_TIMEOUT_SECONDS="3", LMSP_REAP_INTERVAL_SECONDS="1") as maintenance:
+            assert lab.wait_for(cancelled, TERMINAL, maintenance)["status"] == "cancelled"
+            for task_id in page.values():
+                lab.wait_for(task_id, {"failed", "queued"}, maintenance)
+        assert "Traceback" not in maintenance.log()
+
+    assert lab.task(cancelled)["status"] == "cancelled"
+    assert types(cancelled) == ["response.created", "response.cancelled"]
+    assert events(cancelled)[-1]["response"]["output"] == []
+    assert lab.api.get(f"/lmsp/v1/responses/{response_id}").json()["status"] == "cancelled"
+    assert lab.task(page["fail"])["status"] == "failed"
+    assert lab.task(page["fail"])["error"]["code"] == "server_restarted"
+    for policy in ("retry", "resume"):
+        assert lab.task(page[policy])["status"] == "queued"
+    for task_id in (page["fail"], cancelled):
+        assert_contiguous_with_one_terminal(events(task_id))
+
+
+# --------------------------------------------------------------------------- #
 # resume with a seed, watched through a stream that stays open across the crash
 # --------------------------------------------------------------------------- #
 
@@ -326,17 +393,11 @@ def test_restarting_only_the_web_process_leaves_a_running_task_alone(lab: Lab):
 
 def test_reaper_resumes_the_task_of_a_dead_worker_and_spares_the_live_one(lab: Lab, tmp_path: Path):
     lab.env.update(
-        {"LMSP_HEARTBEAT_TIMEOUT_SECONDS": "4", "LMSP_REAP_INTERVAL_SECONDS": "1", "LMSP_SWEEP_INTERVAL_SECONDS": "1"}
+        # Room for a loaded machine: a live worker loading its model or between commits must not look dead.
+        {"LMSP_HEARTBEAT_TIMEOUT_SECONDS": "8", "LMSP_REAP_INTERVAL_SECONDS": "1", "LMSP_SWEEP_INTERVAL_SECONDS": "1"}
     )
     with (
-        celery_worker(
-            env={**lab.env, "LMSP_TASK_QUEUE": lab.queue},
-            queue=maintenance_queue(lab.queue),
-            log_path=tmp_path / "maintenance.log",
-            name="maintenance",
-            beat=True,
-            maintenance=False,
-        ) as maintenance,
+        lab.maintenance() as maintenance,
         lab.worker("doomed") as doomed,
         lab.worker("survivor") as survivor,
     ):

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import subprocess
 import sys
 from datetime import timedelta
 
 import pytest
 from django.db import connection
+from django.test import Client as DjangoClient
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
@@ -29,6 +31,7 @@ from tasks_app.services.recovery import (
     CANCELLED,
     FAILED,
     LOST_RACE,
+    RAISED,
     REQUEUED,
     RESUMED,
     LiveWorkers,
@@ -56,14 +59,20 @@ def held(make_client, demo_model, queue, settings):
     """``held(status, policy, age=seconds)``: a task a worker GHOST took, its last heartbeat that old."""
     client, _ = make_client()
 
-    def make(status: TaskStatus, policy: RestartPolicy = RestartPolicy.FAIL, age: int = 600, attempts: int = 1) -> str:
+    def make(
+        status: TaskStatus,
+        policy: RestartPolicy = RestartPolicy.FAIL,
+        age: int = 600,
+        attempts: int = 1,
+        started: bool = True,
+    ) -> str:
         task = lifecycle.task_insert(client=client, request={"model": "demo", "input": "x"}, model="demo")
         Task.objects.filter(pk=task.id).update(on_restart=policy)
         if status == S.QUEUED:
             return task.id
         beat = timezone.now() - timedelta(seconds=age)
         assert lifecycle.task_claim(task_id=task.id, worker=GHOST).won
-        if status in (S.RUNNING, S.CANCELLING):
+        if status == S.RUNNING or (status == S.CANCELLING and started):
             snapshot = {"token_ids": [], "state": {"item_id": "msg_1", "backend": {}}}
             assert lifecycle.task_start(task_id=task.id, worker=GHOST, item_id="msg_1", snapshot=snapshot).won
             assert lifecycle.task_progress(
@@ -71,6 +80,7 @@ def held(make_client, demo_model, queue, settings):
             ).won
         if status == S.CANCELLING:
             assert lifecycle.task_request_cancel(task_id=task.id).won
+        # (started=False: cancelled while loading, before its output item opened.)
         # The worker's last heartbeat, `age` seconds ago, after `attempts` starts.
         Task.objects.filter(pk=task.id).update(heartbeat_at=beat, attempts=attempts)
         return task.id
@@ -397,3 +407,113 @@ def test_a_recovery_killed_mid_run_leaves_each_task_moved_with_its_event_or_unto
     assert again.counts[FAILED] + again.counts[CANCELLED] + again.counts[REQUEUED] + again.counts[RESUMED] > 0
     assert not again.counts[LOST_RACE]
     assert leftover_tasks_recover(live=nobody(), batch_size=5).moved == 0
+
+
+# --------------------------------------------------------------------------- #
+# No single task stops recovery (issue 24)
+# --------------------------------------------------------------------------- #
+
+
+def recovery_errors() -> dict[str, int]:
+    from tasks_app.prometheus import recovery_errors_key
+
+    return {name.decode(): int(count) for name, count in redis_client().hgetall(recovery_errors_key()).items()}
+
+
+@pytest.mark.parametrize("recovery", ["startup", "reaper"])
+def test_a_task_cancelled_before_its_start_is_cancelled_without_output(held, queue, recovery):
+    cancelled = held(S.CANCELLING, RestartPolicy.RESUME, started=False)
+    beside = held(S.LOADING, RestartPolicy.FAIL)
+
+    summary = leftover_tasks_recover(live=nobody()) if recovery == "startup" else abandoned_tasks_reap()
+
+    assert summary.task_ids == {CANCELLED: [cancelled], FAILED: [beside]}
+    log = list(TaskEvent.objects.filter(task_id=cancelled).order_by("sequence_number").values_list("type", flat=True))
+    assert log == ["response.created", "response.cancelled"]
+    response = Task.objects.select_related("response").get(pk=cancelled).response
+    assert (response.status, response.output) == ("cancelled", [])
+
+
+def corrupt_output_item(task_id: str) -> None:
+    """What a damaged row in the event log leaves: an output item whose stored payload no longer parses."""
+    TaskEvent.objects.filter(task_id=task_id, type="response.output_item.added").update(payload="{damaged")
+
+
+@pytest.mark.parametrize("recovery", ["startup", "reaper"])
+def test_a_task_whose_recovery_raises_is_logged_counted_and_left_while_the_rest_move(held, queue, recovery, caplog):
+    # Pages of two: the damaged task shares its page with a healthy one, and later pages follow.
+    ids = [held(S.RUNNING, RestartPolicy.FAIL) for _ in range(5)]
+    damaged = ids[1]
+    corrupt_output_item(damaged)
+    before = Task.objects.values("status", "worker", "last_sequence", "heartbeat_at").get(pk=damaged)
+    errors_before = recovery_errors().get(recovery, 0)
+
+    def recover():
+        if recovery == "startup":
+            return leftover_tasks_recover(live=nobody(), batch_size=2)
+        return abandoned_tasks_reap(batch_size=2)
+
+    with caplog.at_level(logging.ERROR, logger="tasks_app.services.recovery"):
+        summary = recover()
+
+    assert summary.task_ids == {FAILED: [i for i in ids if i != damaged], RAISED: [damaged]}
+    assert Task.objects.values("status", "worker", "last_sequence", "heartbeat_at").get(pk=damaged) == before
+    assert not TaskEvent.objects.filter(task_id=damaged, type="response.failed").exists()
+    for task_id in ids:
+        if task_id != damaged:
+            assert TaskEvent.objects.filter(task_id=task_id, type="response.failed").count() == 1
+    logged = [record for record in caplog.records if record.levelno == logging.ERROR]
+    assert len(logged) == 1 and damaged in logged[0].getMessage()
+    assert "JSONDecodeError" in logged[0].getMessage() and logged[0].exc_info
+    assert recovery_errors().get(recovery, 0) == errors_before + 1
+    assert "could not be recovered (next round): 1" in summary.lines()
+
+    # Left for the next round: tried again (and counted again) until someone repairs it.
+    assert recover().task_ids == {RAISED: [damaged]}
+    assert recovery_errors().get(recovery, 0) == errors_before + 2
+    scraped = DjangoClient().get("/metrics").content.decode()
+    assert f'lmsp_recovery_errors_total{{source="{recovery}"}} {errors_before + 2}.0' in scraped
+
+
+def run_recover_command(database: str, queue: str) -> subprocess.CompletedProcess:
+    env = {
+        **os.environ,
+        "DATABASE_URL": database,
+        "LMSP_REDIS_PREFIX": REDIS_PREFIX,
+        "LMSP_TASK_QUEUE": queue,
+        "LMSP_RECOVER_INSPECT_SECONDS": "0.3",
+    }
+    return subprocess.run(
+        [sys.executable, "manage.py", "lmsp_recover"], cwd=REPO, env=env, capture_output=True, text=True, timeout=60
+    )
+
+
+def test_the_command_exits_zero_when_a_task_raises_and_non_zero_only_without_a_database(held, queue, tmp_path):
+    damaged = held(S.RUNNING, RestartPolicy.FAIL)
+    corrupt_output_item(damaged)
+    healthy = held(S.CANCELLING, RestartPolicy.FAIL, started=False)
+
+    done = run_recover_command(database_url(), queue)
+
+    assert done.returncode == 0, done.stderr
+    assert "lmsp_recover: could not be recovered (next round): 1" in done.stdout.splitlines()
+    assert "lmsp_recover: cancelled: 1" in done.stdout.splitlines()
+    assert damaged in done.stderr  # the log line names it
+    assert (status(damaged), status(healthy)) == (S.RUNNING, S.CANCELLED)
+
+    # A database that cannot be reached: a PostgreSQL port nobody listens on, a SQLite "file" that is a folder.
+    if connection.vendor == "sqlite":
+        (tmp_path / "not-a-file.sqlite3").mkdir()
+        unreachable = f"sqlite:///{tmp_path / 'not-a-file.sqlite3'}"
+    else:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        unreachable = f"postgres://postgres@127.0.0.1:{port}/test"
+
+    done = run_recover_command(unreachable, queue)
+
+    assert done.returncode == 1
+    assert "the database cannot be reached" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert status(damaged) == S.RUNNING

@@ -34,9 +34,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from django.conf import settings
-from django.db import close_old_connections, connection
+from django.db import DatabaseError, close_old_connections, connection
 
 from tasks_app import broker, faults, lifecycle, states
+from tasks_app.db_locks import is_database_unavailable
 from tasks_app.exceptions import (
     BackendError,
     DatabaseBusy,
@@ -49,7 +50,8 @@ from tasks_app.exceptions import (
 from tasks_app.ids import new_message_id
 from tasks_app.lifecycle import Partial, TransitionResult
 from tasks_app.selectors import StoredSnapshot, task_output_text, task_run_request, task_snapshot_get
-from tasks_app.services.recovery import held_task_release
+from tasks_app.services.dispatch import task_dispatch
+from tasks_app.services.recovery import BUSY, held_task_release
 from tasks_app.states import TaskStatus
 from tasks_app.wire import usage_object
 from workers.backends.base import (
@@ -72,6 +74,9 @@ logger = logging.getLogger(__name__)
 
 S = TaskStatus
 _DETAIL_LIMIT = 500
+# A claim waits this long for a database it cannot reach, then, after a pause, sends its message again.
+CLAIM_PATIENCE_SECONDS = 5.0
+CLAIM_RETRY_PAUSE_SECONDS = 2.0
 
 
 def _usage(generation: Generation | None) -> dict[str, int] | None:
@@ -100,27 +105,57 @@ def runtime_problem(exc: BaseException) -> dict[str, Any]:
     return BackendError(f"The inference backend failed ({detail})").to_problem()
 
 
-def _committed(verb: Callable[..., TransitionResult], **kwargs: Any) -> TransitionResult:
-    """Call a lifecycle verb, retrying while the database's lock is not granted in time.
+class DatabaseGaveUp(Exception):
+    """The database could not be written for as long as a commit may wait (locked, or unreachable)."""
+
+    def __init__(self, verb: str, task_id: str | None, seconds: float, cause: BaseException) -> None:
+        super().__init__(f"{verb} for {task_id}: the database could not be written for {seconds:.0f} s ({cause})")
+        self.seconds = seconds
+
+
+def _unavailable(exc: BaseException) -> bool:
+    return isinstance(exc, DatabaseBusy) or (isinstance(exc, DatabaseError) and is_database_unavailable(exc))
+
+
+def _committed(
+    verb: Callable[..., TransitionResult], *, patience: float | None = None, **kwargs: Any
+) -> TransitionResult:
+    """Call a lifecycle verb, retrying while the database cannot be written (its lock, or its connection).
 
     A failed try wrote nothing, so trying again is exact. Another process
-    frozen inside a transaction holds the lock until it thaws or dies; past
-    the heartbeat timeout the reaper may have taken the task, which the
-    compare-and-set then reports as a lost race, so the retries stop there.
+    frozen inside a transaction holds the lock until it thaws or dies; a
+    connection that broke (a server restart, a cut network, a session the
+    server ended) is dropped and opened again. Past ``patience`` (the
+    heartbeat timeout) the reaper may have taken the task, which the
+    compare-and-set then reports as a lost race; if the database still cannot
+    be written, :class:`DatabaseGaveUp` says so and the run hands its task back.
     """
-    deadline = time.monotonic() + settings.LMSP_HEARTBEAT_TIMEOUT_SECONDS
+    patience = settings.LMSP_HEARTBEAT_TIMEOUT_SECONDS if patience is None else patience
+    started = time.monotonic()
     pause = 0.05
     while True:
         try:
             return verb(**kwargs)
-        except DatabaseBusy:
-            if time.monotonic() + pause >= deadline:
+        except (DatabaseBusy, DatabaseError) as exc:
+            if not _unavailable(exc):
                 raise
+            if not isinstance(exc, DatabaseBusy):
+                # A broken connection stays broken: the next try opens a new one.
+                connection.close()
+            if time.monotonic() + pause - started >= patience:
+                raise DatabaseGaveUp(verb.__name__, kwargs.get("task_id"), time.monotonic() - started, exc) from exc
             logger.warning(
-                "%s for %s: the database is locked by another writer; retrying", verb.__name__, kwargs.get("task_id")
+                "%s for %s: the database cannot be written now (%s); retrying",
+                verb.__name__,
+                kwargs.get("task_id"),
+                "locked by another writer" if isinstance(exc, DatabaseBusy) else _one_line(exc),
             )
             time.sleep(pause)
             pause = min(pause * 2, 1.0)
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(line.strip() for line in str(exc).splitlines() if line.strip())[:200] or type(exc).__name__
 
 
 class Heartbeat:
@@ -159,8 +194,10 @@ class Heartbeat:
                 self._last = time.monotonic()
                 try:
                     result = lifecycle.task_heartbeat(task_id=self.task_id, worker=self.worker)
-                except Exception:  # a missed heartbeat must not kill the run
-                    logger.warning("heartbeat for %s failed", self.task_id, exc_info=True)
+                except Exception as exc:  # a missed heartbeat must not kill the run
+                    logger.warning("heartbeat for %s failed: %s", self.task_id, _one_line(exc))
+                    if isinstance(exc, DatabaseError):
+                        connection.close()  # the next beat opens a new connection
                     continue
                 if not result.won:
                     return
@@ -243,14 +280,16 @@ def task_execute(*, task_id: str, worker: str) -> str:
     broker.dispatch_marker_clear(task_id=task_id)
     close_old_connections()
     try:
-        claim = _committed(lifecycle.task_claim, task_id=task_id, worker=worker)
+        claim = _committed(lifecycle.task_claim, patience=CLAIM_PATIENCE_SECONDS, task_id=task_id, worker=worker)
+        resuming = False
+        if not claim.won and claim.task.status in states.ORPHANABLE and claim.task.worker == "":
+            claim = _committed(lifecycle.task_adopt, patience=CLAIM_PATIENCE_SECONDS, task_id=task_id, worker=worker)
+            resuming = claim.won
     except TaskNotFound:
         logger.info("dropped message for task %s: no such task", task_id)
         return "missing"
-    resuming = False
-    if not claim.won and claim.task.status in states.ORPHANABLE and claim.task.worker == "":
-        claim = _committed(lifecycle.task_adopt, task_id=task_id, worker=worker)
-        resuming = claim.won
+    except DatabaseGaveUp as exc:
+        return _claim_not_reached(task_id, exc)
     if not claim.won:
         logger.info("dropped message for task %s: it is %s, not queued", task_id, claim.task.status)
         return "dropped"
@@ -262,9 +301,63 @@ def task_execute(*, task_id: str, worker: str) -> str:
             if resuming:
                 return _resume(task_id, worker, claim.task.status, cancelled, heartbeat, metrics)
             return _run(task_id, worker, cancelled, heartbeat, metrics)
+    except DatabaseGaveUp as exc:
+        return _database_lost(task_id, worker, exc)
     finally:
         cancel_watcher.unwatch(task_id)
         metrics.run_ended()
+
+
+def _claim_not_reached(task_id: str, exc: DatabaseGaveUp) -> str:
+    """The claim could not reach the database, so nothing was written: the task is as it was, still waiting.
+
+    Its message must not go with this try: after a pause (a cut-off worker
+    must not spin on it), a new one goes on the queue, with its marker, before
+    this one is acknowledged. A worker that can reach the database takes it,
+    or this one once it can. If Redis fails too, the sweeper sends it (no
+    marker vouches for it).
+    """
+    logger.warning("task %s: %s; sending its message again", task_id, exc)
+    time.sleep(CLAIM_RETRY_PAUSE_SECONDS)
+    task_dispatch(task_id=task_id)
+    return "sent again"
+
+
+def _database_lost(task_id: str, worker: str, exc: DatabaseGaveUp) -> str:
+    """The run could not write for the heartbeat timeout: it stopped; hand the task back by its policy.
+
+    What its committed deltas hold stays its output (``resume`` continues
+    after them, ``fail`` keeps them in the failed response); what was never
+    committed was never shown. If the database still cannot be written, the
+    task stays held by this (silent) worker, and the reaper applies the same
+    policy once its heartbeat is old: either way, never a ``backend_error``.
+    """
+    reason = f"its worker could not write to the database for {exc.seconds:.0f} s"
+    logger.error("task %s stopped: %s; handing it back by its on_restart policy", task_id, exc)
+    try:
+        summary = held_task_release(task_id=task_id, worker=worker, reason=reason)
+    except (DatabaseBusy, DatabaseError) as again:
+        if not _unavailable(again):
+            raise
+        connection.close()
+        logger.error(
+            "task %s: the hand-back could not write either (%s); the reaper applies its on_restart policy "
+            "once its heartbeat is %d s old",
+            task_id,
+            _one_line(again),
+            settings.LMSP_HEARTBEAT_TIMEOUT_SECONDS,
+        )
+        return "left to the reaper"
+    if summary.counts[BUSY]:
+        logger.error("task %s: the database is still locked; the reaper applies its on_restart policy", task_id)
+        return "left to the reaper"
+    if not summary.moved:
+        # Reaped (and maybe resumed elsewhere) while this worker could not write: its late commits wrote nothing.
+        logger.warning("task %s was taken from this worker while it could not write; it stops here", task_id)
+        return "taken over"
+    moved = [label for label, count in summary.counts.items() if count]
+    logger.warning("task %s handed back after the database was lost: %s", task_id, ", ".join(moved))
+    return "handed back"
 
 
 def _load_failure(run: _Run, exc: Exception, sources: Iterable[TaskStatus]) -> str:
@@ -293,6 +386,8 @@ def _run(task_id: str, worker: str, cancelled: threading.Event, heartbeat: Heart
             return _load_failure(run, exc, [S.LOADING])
         try:
             return _generate(run, model, request, cancelled)
+        except DatabaseGaveUp:
+            raise
         except Exception as exc:
             logger.exception("task %s: backend error", task_id)
             return _fail(run, runtime_problem(exc), sources=states.HELD & states.sources_for(S.FAILED))
@@ -354,6 +449,8 @@ def _resume_generation(
             run.generation.seed,
         )
         return _stream(run, _submit(run, model))
+    except DatabaseGaveUp:
+        raise
     except Exception as exc:
         logger.exception("task %s: backend error", run.task_id)
         return _fail(run, runtime_problem(exc), sources=[S.RUNNING])

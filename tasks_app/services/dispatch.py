@@ -3,8 +3,9 @@
 The broker is a hint, the database decides: a message carries only a task id,
 and a worker runs it only if its compare-and-set ``queued -> loading`` wins.
 So sending a message twice is harmless, and losing one is repaired by the
-sweeper, which re-sends every queued task that has no dispatch marker
-(``tasks_app.broker`` has the markers and the messages).
+sweeper, which re-sends every waiting task that has no dispatch marker, or a
+marker but no message on the broker (``tasks_app.broker`` has the markers
+and the messages).
 """
 
 from __future__ import annotations
@@ -32,13 +33,19 @@ SWEEP_BATCH = 500
 
 
 def task_dispatch(*, task_id: str) -> bool:
-    """Send one task id to the workers' queue; False (logged) when the broker is unreachable."""
+    """Send one task id to the workers' queue; False (logged) when the broker is unreachable.
+
+    The marker is set before the send: a worker may take the message at once
+    and clear it, and a marker set after that would vouch for a message that
+    is gone (the sweeper verifies markers against the broker too).
+    """
+    broker.dispatch_marker_set(task_id=task_id)
     try:
         broker.run_message_send(task_id=task_id)
     except broker.UNREACHABLE as exc:
+        broker.dispatch_marker_clear(task_id=task_id)
         logger.warning("could not dispatch task %s (the sweeper will retry): %s", task_id, exc)
         return False
-    broker.dispatch_marker_set(task_id=task_id)
     return True
 
 
@@ -102,17 +109,40 @@ def _sweep_candidates(cutoff: datetime, after: str) -> list[str]:
 
 
 def _sweep_page(candidates: list[str], deadline: float) -> list[str] | None:
-    """Send the unmarked ones until the deadline; None when Redis cannot be reached."""
+    """Send those with no message until the deadline; None when Redis cannot be reached.
+
+    A marker only says that a message was sent: those of the page are checked
+    against the broker (one read), and a marked task whose message is in
+    neither the queue nor a worker's hands is sent again.
+    """
     try:
         marked = broker.dispatch_markers_present(task_ids=candidates)
     except redis.RedisError as exc:
         logger.warning("sweeper cannot reach Redis: %s", exc)
         return None
+    gone = _markers_without_message([task_id for task_id, has in zip(candidates, marked, strict=True) if has])
     sent = []
     for task_id, has in zip(candidates, marked, strict=True):
-        if has:
+        if has and task_id not in gone:
             continue
         if time.monotonic() >= deadline or not task_dispatch(task_id=task_id):
             break
         sent.append(task_id)
     return sent
+
+
+def _markers_without_message(marked: list[str]) -> set[str]:
+    if not marked:
+        return set()
+    found = broker.run_messages_find()
+    if found is None or not found.complete:
+        # No broker to read, or a queue longer than one read: the markers are trusted (their TTL bounds them).
+        return set()
+    gone = {task_id for task_id in marked if task_id not in found.task_ids}
+    if gone:
+        logger.warning(
+            "sweeper: %d task(s) marked as dispatched have no message on the broker (lost); sending again: %s",
+            len(gone),
+            ", ".join(sorted(gone)[:10]),
+        )
+    return gone

@@ -55,10 +55,11 @@ from django.conf import settings
 from django.utils import timezone
 
 from tasks_app import broker, lifecycle, states
-from tasks_app.db_locks import lock_wait, stale_before
+from tasks_app.db_locks import is_database_unavailable, lock_wait, stale_before
 from tasks_app.exceptions import DatabaseBusy, ServerRestarted
 from tasks_app.lifecycle import RecoveryMove
 from tasks_app.models import Task
+from tasks_app.prometheus import recovery_error_count
 from tasks_app.querying import status_in
 from tasks_app.services.dispatch import task_dispatch
 from tasks_app.states import RestartPolicy, TaskStatus
@@ -78,7 +79,8 @@ WAITING = "left waiting to resume"
 LIVE = "held by a live worker"
 LOST_RACE = "moved on meanwhile"
 BUSY = "locked by another writer (next round)"
-LABELS = (FAILED, CANCELLED, REQUEUED, RESUMED, LEFT_QUEUED, WAITING, LIVE, LOST_RACE, BUSY)
+RAISED = "could not be recovered (next round)"
+LABELS = (FAILED, CANCELLED, REQUEUED, RESUMED, LEFT_QUEUED, WAITING, LIVE, LOST_RACE, BUSY, RAISED)
 _MOVED_LABEL = {S.FAILED: FAILED, S.CANCELLED: CANCELLED, S.QUEUED: REQUEUED, S.RUNNING: RESUMED}
 
 # A startup page the write lock was not granted for is tried again this often (SQLite: a frozen writer).
@@ -197,9 +199,20 @@ def _plan(row: dict[str, Any], *, reason: str) -> RecoveryMove | None:
 
 
 def _recover_page(
-    rows: list[dict[str, Any]], *, reason: Callable[[dict[str, Any]], str], summary: RecoverySummary, tries: int = 1
+    rows: list[dict[str, Any]],
+    *,
+    reason: Callable[[dict[str, Any]], str],
+    summary: RecoverySummary,
+    source: str,
+    tries: int = 1,
 ) -> bool:
-    """Move one page in one transaction; False when its lock was not granted (the round stops there)."""
+    """Move one page in one transaction; False when its lock was not granted (the round stops there).
+
+    A page whose transaction raises (anything but a lock wait or a database
+    that cannot be reached, which stop the round) is moved again one task per
+    transaction, so that one task whose recovery raises is logged, counted and
+    left for the next round while every other task of the page still moves.
+    """
     moves = []
     for row in rows:
         move = _plan(row, reason=reason(row))
@@ -214,17 +227,66 @@ def _recover_page(
             moves.append(move)
     for attempt in range(tries):
         try:
-            with lock_wait(settings.LMSP_MAINTENANCE_LOCK_TIMEOUT_SECONDS):
-                batch = lifecycle.tasks_recover(moves=moves)
+            batch = _recover_moves(moves)
             break
         except DatabaseBusy:
             logger.warning("recovery: the database is locked by another writer (try %d of %d)", attempt + 1, tries)
+        except Exception as exc:
+            if is_database_unavailable(exc):
+                raise
+            logger.warning("recovery: a page of %d tasks raised (%s); moving them one at a time", len(moves), exc)
+            moves, batch = _recover_one_by_one(moves, summary=summary, source=source)
+            break
     else:
         for move in moves:
             summary.add(BUSY, move.task_id)
         return False
     _summarize(moves, batch, summary, reason)
     return True
+
+
+def _recover_moves(moves: list[RecoveryMove]) -> lifecycle.RecoveryBatch:
+    with lock_wait(settings.LMSP_MAINTENANCE_LOCK_TIMEOUT_SECONDS):
+        return lifecycle.tasks_recover(moves=moves)
+
+
+def _recover_one_by_one(
+    moves: list[RecoveryMove], *, summary: RecoverySummary, source: str
+) -> tuple[list[RecoveryMove], lifecycle.RecoveryBatch]:
+    """Each move in its own transaction: the moves that did not raise, and what became of them."""
+    done: list[RecoveryMove] = []
+    won: list[str] = []
+    lost: list[str] = []
+    busy: list[str] = []
+    for move in moves:
+        try:
+            batch = _recover_moves([move])
+        except DatabaseBusy:
+            busy.append(move.task_id)
+            done.append(move)
+            continue
+        except Exception as exc:
+            if is_database_unavailable(exc):
+                raise
+            # Its id, its history and the error, for whoever reads the log; the task stays as it was.
+            logger.error(
+                "recovery of task %s (%s -> %s) raised %s: %s; it stays %s for the next round",
+                move.task_id,
+                move.found,
+                move.to,
+                type(exc).__name__,
+                exc,
+                move.found,
+                exc_info=exc,
+            )
+            summary.add(RAISED, move.task_id)
+            recovery_error_count(source=source)
+            continue
+        done.append(move)
+        won += batch.won
+        lost += batch.lost
+        busy += batch.busy
+    return done, lifecycle.RecoveryBatch(won=tuple(won), lost=tuple(lost), busy=tuple(busy))
 
 
 def _summarize(
@@ -283,7 +345,11 @@ def leftover_tasks_recover(*, live: LiveWorkers, batch_size: int = 500) -> Recov
             else:
                 leftover.append(row)
         if not _recover_page(
-            leftover, reason=lambda row: "the service restarted", summary=summary, tries=STARTUP_PAGE_TRIES
+            leftover,
+            reason=lambda row: "the service restarted",
+            summary=summary,
+            source="startup",
+            tries=STARTUP_PAGE_TRIES,
         ):
             break
     _dispatch(summary, budget_seconds=settings.LMSP_RECOVER_DISPATCH_SECONDS)
@@ -305,7 +371,8 @@ def lost_task_recover(*, task_id: str, node: str) -> RecoverySummary:
     )
     if row is None or _process_alive(row["worker"].rpartition("/")[2]):
         return summary
-    _recover_page([row], reason=lambda row: f"its worker process {row['worker']} died", summary=summary)
+    died = f"its worker process {row['worker']} died"
+    _recover_page([row], reason=lambda row: died, summary=summary, source="pool_process_lost")
     _dispatch(summary, budget_seconds=settings.LMSP_RECOVER_DISPATCH_SECONDS)
     _log(summary, f"recovery (its worker process {row['worker']} died)")
     return summary
@@ -327,7 +394,9 @@ def held_task_release(*, task_id: str, worker: str, reason: str) -> RecoverySumm
         if row is None:
             break
         summary = RecoverySummary()
-        granted = _recover_page([row], reason=lambda row: reason, summary=summary, tries=RELEASE_TRIES)
+        granted = _recover_page(
+            [row], reason=lambda row: reason, summary=summary, source="hand_back", tries=RELEASE_TRIES
+        )
         # A lost race may be the caller's own heartbeat, written between the
         # read and the move: read again; a task someone else took is not read.
         if not granted or not summary.counts[LOST_RACE]:
@@ -359,7 +428,10 @@ def abandoned_tasks_reap(*, timeout_seconds: int | None = None, batch_size: int 
     held = states.in_declaration_order(states.HELD)
     # Orphans (no worker) have no heartbeat, so the filter leaves them to the sweeper.
     for page in _pages(held, batch_size, heartbeat_at__lt=stale_before(timeout)):
-        if not _recover_page(page, reason=lambda row: f"its worker {row['worker']} stopped reporting", summary=summary):
+        granted = _recover_page(
+            page, reason=lambda row: f"its worker {row['worker']} stopped reporting", summary=summary, source="reaper"
+        )
+        if not granted:
             break
     _dispatch(summary, budget_seconds=settings.LMSP_RECOVER_DISPATCH_SECONDS)
     _log(summary, "reaper")
@@ -368,9 +440,10 @@ def abandoned_tasks_reap(*, timeout_seconds: int | None = None, batch_size: int 
 
 def _log(summary: RecoverySummary, what: str) -> None:
     # Quiet when nothing happened: the reaper runs every few seconds.
-    if not (summary.moved or summary.counts[BUSY]):
+    if not (summary.moved or summary.counts[BUSY] or summary.counts[RAISED]):
         return
-    level = logging.WARNING if what == "reaper" or summary.counts[BUSY] else logging.INFO
+    trouble = summary.counts[BUSY] or summary.counts[RAISED]
+    level = logging.WARNING if what == "reaper" or trouble else logging.INFO
     moved = [task_id for label in (FAILED, CANCELLED, REQUEUED, RESUMED) for task_id in summary.task_ids.get(label, ())]
     counts = ", ".join(line for line in summary.lines() if not line.endswith(": 0"))
     more = f" and {len(moved) - 10} more" if len(moved) > 10 else ""

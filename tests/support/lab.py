@@ -48,6 +48,19 @@ class Lab:
         ) as worker:
             yield worker
 
+    @contextmanager
+    def maintenance(self, **env: str) -> Iterator[WorkerProcess]:
+        """The maintenance node (beat: sweeper, reaper, cleanup) on the lab's queues, with ``env`` on top."""
+        with celery_worker(
+            env={**self.env, "LMSP_TASK_QUEUE": self.queue, **env},
+            queue=maintenance_queue(self.queue),
+            log_path=self.tmp / "maintenance.log",
+            name="maintenance",
+            beat=True,
+            maintenance=False,
+        ) as node:
+            yield node
+
     def recover(self, inspect_timeout: float = 0.5) -> str:
         out = StringIO()
         call_command("lmsp_recover", "--inspect-timeout", str(inspect_timeout), stdout=out)
