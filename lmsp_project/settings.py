@@ -497,6 +497,10 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
     "socket_connect_timeout": 2,
 }
 CELERY_TASK_DEFAULT_QUEUE = LMSP_TASK_QUEUE
+# Broadcasts (the recovery's inspect) go to this installation's workers only: two
+# installations on one Redis may both run a "worker@host", and the replies are
+# keyed by node name, so one's answer would hide the other's.
+CELERY_CONTROL_EXCHANGE = LMSP_REDIS_PREFIX
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = False
 CELERY_TASK_ACKS_ON_FAILURE_OR_TIMEOUT = True

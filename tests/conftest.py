@@ -16,6 +16,7 @@ from tasks_app.models import Client, ModelRecord
 from tasks_app.services.clients import client_create
 from tasks_app.services.model_scan import model_scan
 from tests.support.api import ApiClient
+from tests.support.built import built_once
 from tests.support.db import database_url
 from tests.support.demo import ENDLESS_TAG
 from tests.support.lab import lab  # noqa: F401 (a fixture: the recovery and batched-worker tests share it)
@@ -54,6 +55,21 @@ _test_process_keeps_idle_transactions()
 _NAMESPACE_WARNINGS: list[str] = []
 
 
+@contextmanager
+def environment(values: dict[str, str]) -> Iterator[None]:
+    """``values`` in this process's environment (what its children inherit) for the block, then as before."""
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
 def pytest_report_header(config: pytest.Config) -> str:
     from django.conf import settings
 
@@ -75,22 +91,18 @@ def _redis_namespace() -> Iterator[None]:
 
     from lmsp_project.celery import app
 
-    saved_env = {name: os.environ.get(name) for name in NAMESPACE_ENV}
-    os.environ.update(NAMESPACE_ENV)
     settings.LMSP_REDIS_PREFIX = REDIS_PREFIX
     settings.LMSP_TASK_QUEUE = IDLE_QUEUE
     settings.LMSP_MAINTENANCE_QUEUE = maintenance_queue(IDLE_QUEUE)
     app.conf.task_default_queue = IDLE_QUEUE
+    app.conf.control_exchange = REDIS_PREFIX
+    app.__dict__.pop("control", None)  # its mailbox is named after the exchange when first made
     try:
         before: list[str] | None = default_namespace_keys()
     except redis.RedisError:  # no Redis: the tests that need one fail on their own
         before = None
-    yield
-    for name, value in saved_env.items():
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value
+    with environment(NAMESPACE_ENV):
+        yield
     try:
         left = namespace_cleanup()
         written = [] if before is None else sorted(set(default_namespace_keys()) - set(before))
@@ -116,6 +128,36 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
 
 
 @pytest.fixture(scope="session", autouse=True)
+def _worker_directories(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """A data and a models directory of this test process's own, for every child that is given none.
+
+    Parallel workers (pytest-xdist) then share no directory a child writes
+    to; the data directory starts with the run's signing key, so a child
+    signs admin sessions and stream tokens as this process does.
+    """
+    from django.conf import settings
+
+    from lmsp_project.secret_key import KEY_FILE_NAME
+
+    data = tmp_path_factory.mktemp("data")
+    models = tmp_path_factory.mktemp("models-default")
+    key_file = data / KEY_FILE_NAME
+    key_file.write_text(settings.SECRET_KEY + "\n")
+    key_file.chmod(0o600)
+    with environment({"LMSP_DATA_DIR": str(data), "LMSP_MODELS_DIR": str(models)}):
+        yield
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _quick_password_hashing() -> Iterator[None]:
+    """Users made in the test process (the admin tests make one per test) cost no second of CPU each."""
+    from django.test.utils import override_settings
+
+    with override_settings(PASSWORD_HASHERS=["tests.support.hashers.QuickPBKDF2PasswordHasher"]):
+        yield
+
+
+@pytest.fixture(scope="session", autouse=True)
 def _close_db_pool(django_db_setup) -> Iterator[None]:
     """Views run in this process read through ``dbpool``; its connections
     must close before the test database is dropped."""
@@ -127,12 +169,10 @@ def _close_db_pool(django_db_setup) -> Iterator[None]:
 
 @pytest.fixture(scope="session")
 def demo_models_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A models folder holding the real demo model, built once per run."""
+    """A models folder holding the real demo model, built once per run (read only: copy it to change it)."""
     from fixture_models.demo import build_demo_model
 
-    root = tmp_path_factory.mktemp("models")
-    build_demo_model(root / "demo", size="demo")
-    return root
+    return built_once(tmp_path_factory, "models", lambda root: build_demo_model(root / "demo", size="demo"))
 
 
 @pytest.fixture(scope="session")
@@ -140,9 +180,10 @@ def endless_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The demo model without its EOS head (``demo:endless``): for tests that need long generations."""
     from fixture_models.demo import build_demo_model
 
-    folder = tmp_path_factory.mktemp("endless") / ENDLESS_TAG
-    build_demo_model(folder, size="demo", endless=True)
-    return folder
+    root = built_once(
+        tmp_path_factory, "endless", lambda root: build_demo_model(root / ENDLESS_TAG, size="demo", endless=True)
+    )
+    return root / ENDLESS_TAG
 
 
 @pytest.fixture
@@ -310,9 +351,25 @@ def private_stack(transactional_db, make_client, worker_models_root: Path, tmp_p
     return start
 
 
+# Fixtures that start a process (a web server, a worker, a Redis, a browser): a test that uses
+# one, directly or through another fixture, is marked slow and left out of scripts/test --quick.
+PROCESS_FIXTURES = frozenset(
+    {
+        *("web_server", "celery_worker_proc", "running_worker", "lab", "private_stack", "page"),
+        # A module's own servers: tests/test_real_models.py, test_http_server.py, test_stream_limits.py,
+        # test_edge_security.py.
+        *("whole_prompt_stack", "chunked_stack", "edge", "limited", "edge_server"),
+    }
+)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """With LMSP_TEST_DATABASE_FREE_DONE=1 (scripts/test's PostgreSQL pass), leave out the
-    ``database_free`` tests: they already ran in the SQLite pass, and no database changes them."""
+    """Mark the tests that start processes ``slow``; with LMSP_TEST_DATABASE_FREE_DONE=1 (scripts/test's
+    PostgreSQL pass), leave out the ``database_free`` tests: they already ran in the SQLite pass, and no
+    database changes them."""
+    for item in items:
+        if PROCESS_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
     if os.environ.get("LMSP_TEST_DATABASE_FREE_DONE") != "1":
         return
     kept = [item for item in items if item.get_closest_marker("database_free") is None]

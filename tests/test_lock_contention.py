@@ -80,7 +80,9 @@ def test_a_worker_frozen_inside_its_commit_gets_503s_and_skipped_rows_not_waits(
 ):
     _, token = make_client("alice")
     body = BODY
-    worker_env = {**lab_env, "LMSP_FAULT_FREEZE": "task_progress"}
+    # Slowed model calls: the 64 tokens outlast the worker's first commit window (50 ms), so a progress
+    # commit comes, and freezes, however fast the machine (a fast one made them all before it, in 49 ms).
+    worker_env = {**lab_env, "LMSP_FAULT_FREEZE": "task_progress", "LMSP_FAULT_MODEL_CALL_SECONDS": "0.01"}
     with (
         uvicorn_process(database_url(), lab_env) as web,
         celery_worker(env=worker_env, queue=lab_env["LMSP_TASK_QUEUE"], log_path=tmp_path / "worker.log") as worker,

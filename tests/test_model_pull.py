@@ -36,7 +36,8 @@ DEFAULT_FILES = SIDE | {"onnx/model.onnx", "onnx/model.onnx_data"}
 Q4_FILES = SIDE | {"onnx/model_q4.onnx", "onnx/model_q4.onnx_data"}
 TOKEN = "hf_stand_in_secret"
 
-pytestmark = pytest.mark.usefixtures("transactional_db")
+# Each pull is a manage.py process of its own (slow: not in scripts/test --quick).
+pytestmark = [pytest.mark.usefixtures("transactional_db"), pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")

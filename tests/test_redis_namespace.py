@@ -52,7 +52,10 @@ def test_a_web_server_started_without_a_prefix_of_its_own_writes_under_the_runs(
     with uvicorn_server(database_url(), {"LMSP_MODELS_DIR": str(models_dir)}) as base:
         body = {"type": "response", "input": {"model": "demo", "input": "Hello", "max_output_tokens": 4}}
         status, task = call(base, "POST", "/lmsp/v1/tasks", token=api.token, body=body)
-    assert status == 202, task
+        assert status == 202, task
+        # Sent after the 202, from the server's sender thread: awaited while the server runs (its stop
+        # waits at most 2 s for a send, which a loaded machine can outlast).
+        wait_until(lambda: messages_for(IDLE_QUEUE, task["id"]), what="the server never sent the task's message")
 
     client = notify.redis_client()
     assert client.exists(f"{REDIS_PREFIX}:dispatched:{task['id']}")
@@ -83,7 +86,9 @@ def test_metrics_keys_expire(api, running_worker):
     [
         *[("lmsp", True), ("lmsp:dispatched:task_1", True), ("lmsp-maintenance", True), ("lmsp\x06\x163", True)],
         *[("_kombu.binding.lmsp", True), ("_kombu.binding_permanent.lmsp-maintenance", True)],
-        *[(f"{REDIS_PREFIX}:metrics:finished", False), (f"_kombu.binding.{IDLE_QUEUE}", False)],
+        # Ids without the run's prefix (its pid): every parallel worker collects the same test ids.
+        pytest.param(f"{REDIS_PREFIX}:metrics:finished", False, id="<run prefix>:metrics:finished-False"),
+        pytest.param(f"_kombu.binding.{IDLE_QUEUE}", False, id="_kombu.binding.<run idle queue>-False"),
         *[("lmsp-bench-1", False), ("_kombu.binding.celery.pidbox", False), ("unacked", False)],
     ],
 )

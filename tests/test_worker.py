@@ -193,6 +193,9 @@ def test_cancel_racing_the_last_token_ends_in_one_consistent_state(api, running_
     # Long enough that a cancel sent right after a few of them starts finds it running: the batch
     # engine decodes without waiting for commits, so a 4-token task is often over before a cancel.
     tasks = [create(api, f"Race {n}", max_output_tokens=8 + 8 * (n % 7)) for n in range(24)]
+    # And one that no machine finishes before its cancel: a test process starved by a loaded machine
+    # saw every short task end first (all 24 "succeeded"), and the log checks below then met no cancel.
+    tasks.append(create(api, "Race long", model=ENDLESS_MODEL, max_output_tokens=4000))
     replies: dict[str, int] = {}
     for n, task in enumerate(tasks):
         # Spread the cancels over the short life of each task.

@@ -14,13 +14,29 @@ from typing import TypeVar
 T = TypeVar("T")
 
 
+# A probe is often a query or a request that the processes under test must
+# answer, on a machine whose cores they share: polls start fast (a condition
+# met at once is seen within milliseconds) and slow down as the wait grows,
+# to a tenth of the time waited so far (at most 0.25 s), so a long wait costs a
+# few polls a second instead of fifty, and is seen at most 10% late.
+FIRST_POLL_SECONDS = 0.01
+LAST_POLL_SECONDS = 0.25
+
+
+def poll_interval(waited: float) -> float:
+    """How long to sleep before the next poll, after ``waited`` seconds of polling."""
+    return min(LAST_POLL_SECONDS, max(FIRST_POLL_SECONDS, waited / 10))
+
+
 def wait_until(probe: Callable[[], T], *, what: str | Callable[[], str], timeout: float = 60) -> T:
     """Call ``probe`` until it returns something truthy, and return that."""
-    deadline = time.monotonic() + timeout
+    started = time.monotonic()
+    deadline = started + timeout
     while True:
         result = probe()
         if result:
             return result
-        if time.monotonic() > deadline:
+        now = time.monotonic()
+        if now > deadline:
             raise TimeoutError(what if isinstance(what, str) else what())
-        time.sleep(0.02)
+        time.sleep(poll_interval(now - started))
