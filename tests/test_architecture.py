@@ -11,6 +11,9 @@ import pytest
 
 from tasks_app.events import EventType
 
+# No database of the pass here: the PostgreSQL pass of scripts/test leaves these out (tests/conftest.py).
+pytestmark = pytest.mark.database_free
+
 REPO = Path(__file__).resolve().parent.parent
 PACKAGES = ("tasks_app", "workers", "lmsp_project", "fixture_models")
 LIFECYCLE = REPO / "tasks_app" / "lifecycle.py"

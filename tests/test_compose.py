@@ -22,6 +22,9 @@ import yaml
 
 from tests.support.server import REPO
 
+# No database of the pass here: the PostgreSQL pass of scripts/test leaves these out (tests/conftest.py).
+pytestmark = pytest.mark.database_free
+
 COMPOSE_FILE = REPO / "docker-compose.yml"
 SECRET = "test-secret-key"
 POSTGRES_URL = "postgres://lmsp:s3cret@postgres:5432/lmsp"

@@ -11,6 +11,9 @@ from packaging.requirements import Requirement
 
 from tests.support.server import REPO
 
+# No database of the pass here: the PostgreSQL pass of scripts/test leaves these out (tests/conftest.py).
+pytestmark = pytest.mark.database_free
+
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 # What a command substitution in an example may run: on every minimal
 # Debian/Ubuntu (coreutils, and the python3 the project needs anyway), or the

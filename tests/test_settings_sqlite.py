@@ -9,6 +9,9 @@ from pathlib import Path
 
 import pytest
 
+# No database of the pass here: the PostgreSQL pass of scripts/test leaves these out (tests/conftest.py).
+pytestmark = pytest.mark.database_free
+
 ROOT = Path(__file__).resolve().parent.parent
 PROBE = "from django.db import connection; print(connection.cursor().execute('PRAGMA synchronous').fetchone()[0])"
 

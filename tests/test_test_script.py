@@ -14,7 +14,8 @@ import pytest
 from tests.support.pg_stand_in import postgres_stand_in
 from tests.support.server import REPO, free_port
 
-pytestmark = pytest.mark.slow
+# Its runs use databases of their own, none of the pass's: the PostgreSQL pass leaves it out (tests/conftest.py).
+pytestmark = [pytest.mark.slow, pytest.mark.database_free]
 
 SCRIPT = REPO / "scripts" / "test"
 # A nested "run" that only collects one small file, without Django or the conftest: about a second.

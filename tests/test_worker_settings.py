@@ -15,6 +15,9 @@ from django.core.exceptions import ImproperlyConfigured
 
 from tests.support.server import REPO
 
+# No database of the pass here: the PostgreSQL pass of scripts/test leaves these out (tests/conftest.py).
+pytestmark = pytest.mark.database_free
+
 SETTINGS_FILE = REPO / "lmsp_project" / "settings.py"
 ENGINE_SETTINGS = (
     "LMSP_MAX_BATCH",

@@ -17,15 +17,15 @@ T = TypeVar("T")
 # A probe is often a query or a request that the processes under test must
 # answer, on a machine whose cores they share: polls start fast (a condition
 # met at once is seen within milliseconds) and slow down as the wait grows,
-# to a tenth of the time waited so far (at most 0.25 s), so a long wait costs a
-# few polls a second instead of fifty, and is seen at most 10% late.
+# to a twentieth of the time waited so far (at most 0.1 s), so a long wait
+# costs ten polls a second instead of fifty, and is seen at most 5% late.
 FIRST_POLL_SECONDS = 0.01
-LAST_POLL_SECONDS = 0.25
+LAST_POLL_SECONDS = 0.1
 
 
 def poll_interval(waited: float) -> float:
     """How long to sleep before the next poll, after ``waited`` seconds of polling."""
-    return min(LAST_POLL_SECONDS, max(FIRST_POLL_SECONDS, waited / 10))
+    return min(LAST_POLL_SECONDS, max(FIRST_POLL_SECONDS, waited / 20))
 
 
 def wait_until(probe: Callable[[], T], *, what: str | Callable[[], str], timeout: float = 60) -> T:
