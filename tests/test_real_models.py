@@ -230,8 +230,10 @@ def test_a_killed_generation_resumes_token_for_token(
     task_id = reply.json()["id"]
     # Frozen inside its third batch commit, then killed: that batch never lands.
     # Each model call slowed down: a fast machine would otherwise make all the tokens before the
-    # worker's first commit, and the task would end in one batch, never frozen.
-    crashing = {**env, "LMSP_FAULT_FREEZE": "task_progress@3", "LMSP_FAULT_MODEL_CALL_SECONDS": "0.02"}
+    # worker's first commit, and the task would end in one batch, never frozen. 0.1 s a call, so the
+    # generation (at least 12 s) also outlasts three commits on a loaded machine, whose commits (each
+    # an fsync) can take a second: at 0.02 s the 120 tokens could end before the third one.
+    crashing = {**env, "LMSP_FAULT_FREEZE": "task_progress@3", "LMSP_FAULT_MODEL_CALL_SECONDS": "0.1"}
     with celery_worker(env=crashing, queue=queue, log_path=tmp_path / "crashing.log", name="crashing") as worker:
         held = wait_until(
             lambda: Task.objects.filter(pk=task_id, status=TaskStatus.RUNNING).exclude(worker="").first(),

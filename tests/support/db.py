@@ -112,3 +112,82 @@ def database_write_locked() -> Iterator[None]:
     finally:
         raw.execute("ROLLBACK")
         raw.close()
+
+
+def _process_group(pgid: int) -> list[int]:
+    """The live processes of process group ``pgid`` (a worker started with a session of its own)."""
+    members = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # gone while we looked
+        if int(fields[2]) == pgid:
+            members.append(int(name))
+    return members
+
+
+def _server_connection_ports(pids: list[int]) -> set[int]:
+    """The local ports of these processes' TCP connections to the PostgreSQL server."""
+    inodes = set()
+    for pid in pids:
+        try:
+            names = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for name in names:
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{name}")
+            except OSError:
+                continue
+            if target.startswith("socket:["):
+                inodes.add(target[len("socket:[") : -1])
+    server_port = int(connection.settings_dict.get("PORT") or 5432)
+    ports = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as lines:
+                next(lines)
+                for line in lines:
+                    fields = line.split()
+                    if int(fields[2].rsplit(":", 1)[1], 16) == server_port and fields[9] in inodes:
+                        ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+        except FileNotFoundError:
+            continue
+    return ports
+
+
+def database_sessions_of_group(pgid: int) -> set[int]:
+    """PostgreSQL: the server processes serving process group ``pgid``'s connections (none on SQLite)."""
+    if connection.vendor != "postgresql":
+        return set()
+    ports = _server_connection_ports(_process_group(pgid))
+    if not ports:
+        return set()
+    raw = raw_connection()
+    try:
+        rows = raw.execute("SELECT pid FROM pg_stat_activity WHERE client_port = ANY(%s)", (sorted(ports),))
+        return {row[0] for row in rows.fetchall()}
+    finally:
+        raw.close()
+
+
+def wait_for_sessions_to_end(backends: set[int], timeout: float = 60) -> None:
+    """Until the server has ended these sessions (rolled back what a killed client left open, locks included)."""
+    from tests.support.waiting import wait_until
+
+    if not backends:
+        return
+
+    def ended() -> bool:
+        raw = raw_connection()
+        try:
+            left = raw.execute("SELECT 1 FROM pg_stat_activity WHERE pid = ANY(%s)", (sorted(backends),))
+            return left.fetchone() is None
+        finally:
+            raw.close()
+
+    wait_until(ended, what=f"the server kept the killed process's sessions {sorted(backends)}", timeout=timeout)

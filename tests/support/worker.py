@@ -113,12 +113,23 @@ def maintenance_queue(queue: str) -> str:
 
 
 def kill_process_group(proc: subprocess.Popen) -> None:
-    """SIGKILL a worker, parent and children at once: a crash, not a shutdown."""
+    """SIGKILL a worker, parent and children at once: a crash, not a shutdown.
+
+    Returns once the database has ended the dead processes' sessions. On
+    PostgreSQL a session the worker left inside a transaction (killed in a
+    commit, or frozen there first) keeps its row locks until its server
+    process sees the closed socket and rolls back, which a loaded machine
+    delays: recovery run at once found the task "locked by another writer".
+    """
+    from tests.support.db import database_sessions_of_group, wait_for_sessions_to_end
+
+    sessions = database_sessions_of_group(proc.pid)
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
     proc.wait()
+    wait_for_sessions_to_end(sessions)
 
 
 def stop_process_group(proc: subprocess.Popen, timeout: float = 15) -> None:
