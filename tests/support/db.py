@@ -70,21 +70,25 @@ def open_database_handles(pid: int) -> int:
     if connection.vendor == "sqlite":
         path = os.path.realpath(sd["NAME"])
         return sum(1 for target in targets if target == path)
-    port = int(sd.get("PORT") or 5432)
     inodes = {target[len("socket:[") : -1] for target in targets if target.startswith("socket:[")}
-    count = 0
+    return len(_server_connections(inodes))
+
+
+def _server_connections(inodes: set[str]) -> list[int]:
+    """The local ports of the TCP connections to the PostgreSQL server among these socket inodes."""
+    server_port = int(connection.settings_dict.get("PORT") or 5432)
+    ports = []
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
             with open(table) as lines:
                 next(lines)
                 for line in lines:
                     fields = line.split()
-                    remote_port = int(fields[2].rsplit(":", 1)[1], 16)
-                    if remote_port == port and fields[9] in inodes:
-                        count += 1
+                    if int(fields[2].rsplit(":", 1)[1], 16) == server_port and fields[9] in inodes:
+                        ports.append(int(fields[1].rsplit(":", 1)[1], 16))
         except FileNotFoundError:
             continue
-    return count
+    return ports
 
 
 def is_postgres() -> bool:
@@ -145,18 +149,7 @@ def _server_connection_ports(pids: list[int]) -> set[int]:
                 continue
             if target.startswith("socket:["):
                 inodes.add(target[len("socket:[") : -1])
-    server_port = int(connection.settings_dict.get("PORT") or 5432)
-    ports = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            with open(table) as lines:
-                next(lines)
-                for line in lines:
-                    fields = line.split()
-                    if int(fields[2].rsplit(":", 1)[1], 16) == server_port and fields[9] in inodes:
-                        ports.add(int(fields[1].rsplit(":", 1)[1], 16))
-        except FileNotFoundError:
-            continue
+    ports = set(_server_connections(inodes))
     return ports
 
 

@@ -15,11 +15,11 @@ T = TypeVar("T")
 
 
 # A probe is often a query or a request that the processes under test must
-# answer, on a machine whose cores they share: polls start fast (a condition
-# met at once is seen within milliseconds) and slow down as the wait grows,
-# to a twentieth of the time waited so far (at most 0.1 s), so a long wait
-# costs ten polls a second instead of fifty, and is seen at most 5% late.
-FIRST_POLL_SECONDS = 0.01
+# answer, on a machine whose cores they share: polls start every 20 ms (a
+# condition met at once is seen as soon as before) and slow down as the wait
+# grows, to a twentieth of the time waited so far (at most 0.1 s), so a long
+# wait costs ten polls a second instead of fifty, and is seen at most 5% late.
+FIRST_POLL_SECONDS = 0.02
 LAST_POLL_SECONDS = 0.1
 
 
