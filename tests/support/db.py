@@ -149,8 +149,7 @@ def _server_connection_ports(pids: list[int]) -> set[int]:
                 continue
             if target.startswith("socket:["):
                 inodes.add(target[len("socket:[") : -1])
-    ports = set(_server_connections(inodes))
-    return ports
+    return set(_server_connections(inodes))
 
 
 def database_sessions_of_group(pgid: int) -> set[int]:
