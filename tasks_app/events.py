@@ -129,12 +129,14 @@ def content_part_added(item_id: str) -> Event:
     return Event(E.CONTENT_PART_ADDED, {**_head(item_id), "part": output_text_part("")})
 
 
+# OpenAI's text events require `logprobs` (the openai package's types give it no default); none are
+# returned here (`top_logprobs` above 0 is refused), so it is empty, as OpenAI's is without them.
 def output_text_delta(item_id: str, text: str) -> Event:
-    return Event(E.OUTPUT_TEXT_DELTA, {**_head(item_id), "delta": text})
+    return Event(E.OUTPUT_TEXT_DELTA, {**_head(item_id), "delta": text, "logprobs": []})
 
 
 def output_text_done(item_id: str, text: str) -> Event:
-    return Event(E.OUTPUT_TEXT_DONE, {**_head(item_id), "text": text})
+    return Event(E.OUTPUT_TEXT_DONE, {**_head(item_id), "text": text, "logprobs": []})
 
 
 def content_part_done(item_id: str, text: str) -> Event:

@@ -82,6 +82,44 @@ class UnsupportedCapability(LmspError):
     status, code, title = 400, "unsupported_capability", "Unsupported capability"
 
 
+class UnsupportedParameter(LmspError):
+    """Raised when a request field (or one of its values) asks for what this service does not do.
+
+    ``param`` is the field's path as the client sent it (``tools[0].type``,
+    ``text.format``); the problem carries it at the top level and in
+    ``error.param``, where the ``openai`` package reads it.
+    """
+
+    status, code, title = 400, "unsupported_parameter", "Unsupported parameter"
+
+    def __init__(
+        self,
+        detail: str | None = None,
+        *,
+        param: str = "tools",
+        errors: Sequence[Mapping[str, str]] | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        self.param = param
+        detail = detail or f"{param}: not supported by this service"
+        super().__init__(detail, errors=errors or [{"field": param, "message": detail}], headers=headers)
+
+    def to_problem(self, instance: str | None = None) -> dict[str, Any]:
+        return {**super().to_problem(instance), "param": self.param}
+
+
+class ContextLengthExceeded(LmspError):
+    """Raised when a request's prompt leaves the model no room for output (``truncation: disabled``)."""
+
+    status, code, title = 400, "context_length_exceeded", "Context length exceeded"
+
+
+class ResponseCancelled(LmspError):
+    """Raised when a generation a client waits for (a chat completion) was cancelled before it ended."""
+
+    status, code, title = 409, "response_cancelled", "Response cancelled"
+
+
 class ModelNotFound(LmspError):
     """Raised when a request names a model that is not registered."""
 

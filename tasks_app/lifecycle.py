@@ -114,7 +114,7 @@ class Partial:
 
     item_id: str
     text: str
-    usage: Mapping[str, int] | None = None
+    usage: Mapping[str, Any] | None = None
 
     def output(self) -> list[dict[str, Any]]:
         return [message_item(self.item_id, self.text, "incomplete")] if self.text else []
@@ -407,7 +407,7 @@ def task_succeed(
     worker: str,
     item_id: str,
     text: str,
-    usage: Mapping[str, int] | None,
+    usage: Mapping[str, Any] | None,
     output_tokens: int,
     deltas: Sequence[str] = (),
     incomplete: bool = False,

@@ -214,13 +214,13 @@ def model_find_by_name(name: str) -> ModelRecord | None:
 
 
 def model_get_by_name(name: str) -> ModelRecord:
-    """The registered model ``name``; ``ModelNotFound`` (a 400 naming the field) otherwise."""
+    """The registered model ``name``; ``ModelNotFound`` (a 400 naming the request's ``model``) otherwise."""
     model = model_find_by_name(name)
     if model is not None:
         return model
     raise ModelNotFound(
         f"Model {name!r} is not registered",
-        errors=[{"field": "input.model", "message": f"unknown model {name!r}"}],
+        errors=[{"field": "model", "message": f"unknown model {name!r}"}],
     )
 
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from tasks_app.request_surface import response_echo
 from tasks_app.states import TaskStatus
 
 if TYPE_CHECKING:
@@ -50,8 +51,8 @@ def response_object(response: Response, live: Live | None = None) -> dict[str, A
         "status": response.status,
         "model": response.model,
         "output": output,
-        "usage": response.usage,
-        "error": response.error,
+        "usage": usage_shown(response.usage),
+        "error": error_shown(response.error),
         "incomplete_details": response.incomplete_details,
         "instructions": request.get("instructions"),
         "max_output_tokens": request.get("max_output_tokens"),
@@ -61,6 +62,7 @@ def response_object(response: Response, live: Live | None = None) -> dict[str, A
         "top_k": request.get("top_k"),
         "min_p": request.get("min_p"),
         "repetition_penalty": request.get("repetition_penalty"),
+        **response_echo(request),
         "metadata": response.metadata,
         # Extension (PROFILE.md section 9): OpenAI's background mode.
         "background": bool(request.get("background", False)),
@@ -69,9 +71,38 @@ def response_object(response: Response, live: Live | None = None) -> dict[str, A
     }
 
 
-def usage_object(input_tokens: int, output_tokens: int) -> dict[str, int]:
-    """The response's ``usage``: tokens in, out, and both."""
-    return {"input_tokens": input_tokens, "output_tokens": output_tokens, "total_tokens": input_tokens + output_tokens}
+def usage_object(input_tokens: int, output_tokens: int) -> dict[str, Any]:
+    """The response's ``usage``: tokens in, out, and both, with the details OpenAI's ``ResponseUsage`` requires.
+
+    Nothing is cached or reasoned apart yet, so the details say 0 (the SDKs'
+    types reject a usage without them).
+    """
+    return {
+        "input_tokens": input_tokens,
+        "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+        "output_tokens": output_tokens,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": input_tokens + output_tokens,
+    }
+
+
+def error_shown(error: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A stored problem as a task or response shows it: with ``message``, which OpenAI's ``ResponseError`` requires.
+
+    The problem's own members stay as PROFILE.md section 2 has them; its
+    ``code`` is LMSP's, which OpenAI's closed list of codes does not hold
+    (the SDKs read it as a string).
+    """
+    if error is None or "message" in error:
+        return error
+    return {**error, "message": f"{error.get('code')}: {error.get('detail')}"}
+
+
+def usage_shown(usage: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A stored ``usage`` as the wire shows it: rows stored before the details existed gain them."""
+    if usage is None or "input_tokens_details" in usage:
+        return usage
+    return usage_object(usage["input_tokens"], usage["output_tokens"])
 
 
 def output_text_part(text: str) -> dict[str, Any]:
@@ -106,6 +137,6 @@ def task_object(task: Task, queue_position: int | None = None) -> dict[str, Any]
         "events_url": events_url(task.id),
         "on_restart": task.on_restart,
         "response": response_object(task.response, Live()) if task.status == TaskStatus.SUCCEEDED else None,
-        "error": task.error if task.status == TaskStatus.FAILED else None,
+        "error": error_shown(task.error) if task.status == TaskStatus.FAILED else None,
         "queue_position": queue_position if task.status == TaskStatus.QUEUED else None,
     }

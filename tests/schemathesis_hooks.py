@@ -55,6 +55,29 @@ SPEC_REFUSALS = [
     ),
     # `on_restart: retry` needs an Idempotency-Key (PROFILE.md 0): a header the body decides about.
     ("POST /lmsp/v1/tasks", 400, "invalid_request", {"Idempotency-Key": "required when on_restart is 'retry'"}),
+    # A previous_response_id the schema allows names no stored response of the client (PROFILE.md 10.2).
+    ("POST /lmsp/v1/responses", 404, "response_not_found", {"previous_response_id": "no stored response"}),
+    ("POST /lmsp/v1/tasks", 404, "response_not_found", {"input.previous_response_id": "no stored response"}),
+    # Function tools act only once the model can call them: until then, tools with a tool_choice other
+    # than `none` are refused, and a tool_choice that asks for a call needs tools (PROFILE.md 10.1, 10.4).
+    *(
+        (operation, 400, "unsupported_parameter", {field: "tools: function tools are not supported yet"})
+        for operation, field in (
+            ("POST /lmsp/v1/responses", "tools"),
+            ("POST /lmsp/v1/tasks", "input.tools"),
+            ("POST /lmsp/v1/chat/completions", "tools"),
+        )
+    ),
+    *(
+        (operation, 400, "invalid_request", {field: "requires tools"})
+        for operation, field in (
+            ("POST /lmsp/v1/responses", "tool_choice"),
+            ("POST /lmsp/v1/tasks", "input.tool_choice"),
+            ("POST /lmsp/v1/chat/completions", "tool_choice"),
+        )
+    ),
+    # Two token limits that disagree (PROFILE.md 10.3): a rule across two fields.
+    ("POST /lmsp/v1/chat/completions", 400, "invalid_request", {"max_tokens": "differs from max_completion_tokens"}),
     # One key with another body (PROFILE.md 5): generated keys repeat across generated bodies.
     *(
         (operation, 422, "idempotency_key_reused", {"Idempotency-Key": "already used with another body"})
@@ -71,13 +94,14 @@ def _is_allowed_int(value: Any, low: int, high: int) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
 
 
-def _shorten(request: dict[str, Any]) -> None:
+def _shorten(request: dict[str, Any], *limits: str) -> None:
     model = request.get("model")
     if isinstance(model, str) and 1 <= len(model) <= MAX_MODEL_NAME and "\x00" not in model:
         request["model"] = MODEL
-    tokens = request.get("max_output_tokens")
-    if "max_output_tokens" not in request or _is_allowed_int(tokens, 1, MAX_OUTPUT_TOKENS_ALLOWED):
-        request["max_output_tokens"] = min(tokens or MAX_OUTPUT_TOKENS, MAX_OUTPUT_TOKENS)
+    for limit in limits or ("max_output_tokens",):
+        tokens = request.get(limit)
+        if limit not in request or _is_allowed_int(tokens, 1, MAX_OUTPUT_TOKENS_ALLOWED):
+            request[limit] = min(tokens or MAX_OUTPUT_TOKENS, MAX_OUTPUT_TOKENS)
 
 
 @schemathesis.hook
@@ -90,6 +114,8 @@ def map_case(context: schemathesis.HookContext, case: schemathesis.Case) -> sche
         _shorten(body["input"])
     elif case.operation.label == "POST /lmsp/v1/responses":
         _shorten(body)
+    elif case.operation.label == "POST /lmsp/v1/chat/completions":
+        _shorten(body, "max_tokens", "max_completion_tokens")
     return case
 
 

@@ -266,13 +266,12 @@ def test_input_envelope_not_an_object(api):
         ([{"role": "user", "content": "x"}, {"role": "tool", "content": "x"}], "input.input[1].role"),
         ([{"role": "user"}], "input.input[0].content"),
         ([{"content": "x"}], "input.input[0].role"),
-        ([{"type": "function_call", "role": "user", "content": "x"}], "input.input[0].type"),
+        ([{"type": "robot_call", "role": "user", "content": "x"}], "input.input[0].type"),
         ([{"role": "user", "content": "x", "name": "bob"}], "input.input[0].name"),
-        ([{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}], "input.input[0].content[0].type"),
         ([{"role": "user", "content": [{"type": "input_text"}]}], "input.input[0].content[0].text"),
         ([{"role": "user", "content": [{"type": "input_text", "text": 5}]}], "input.input[0].content[0].text"),
         (
-            [{"role": "user", "content": [{"type": "input_text", "text": "a"}, {"type": "input_audio", "text": "b"}]}],
+            [{"role": "user", "content": [{"type": "input_text", "text": "a"}, {"type": "output_txt", "text": "b"}]}],
             "input.input[0].content[1].type",
         ),
         ([{"role": "user", "content": []}], "input.input[0].content"),
@@ -287,7 +286,6 @@ def test_input_envelope_not_an_object(api):
         "no-role",
         "item-type",
         "unknown-item-field",
-        "part-type",
         "part-no-text",
         "part-text-number",
         "second-part-type",
@@ -300,6 +298,25 @@ def test_input_envelope_not_an_object(api):
 def test_bad_message_items(api, items, field):
     problem = assert_invalid_writes_nothing(api, request_with(input=items))
     assert field in fields_of(problem), problem
+
+
+@pytest.mark.parametrize(
+    ("items", "param"),
+    [
+        ([{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}], "input.input[0].content[0].type"),
+        (
+            [{"role": "user", "content": [{"type": "input_text", "text": "a"}, {"type": "input_audio", "text": "b"}]}],
+            "input.input[0].content[1].type",
+        ),
+        ([{"role": "user", "content": "a"}, {"type": "reasoning", "summary": []}], "input.input[1].type"),
+    ],
+    ids=["image-part", "second-part-audio", "reasoning-item"],
+)
+def test_input_openai_has_but_this_service_cannot_read_is_refused_by_name(api, items, param):
+    """PROFILE.md 10.1: image, file and audio parts and hosted items are OpenAI's, refused as unsupported."""
+    problem = assert_invalid_writes_nothing(api, request_with(input=items), code="unsupported_parameter")
+    assert problem["param"] == param
+    assert problem["error"]["param"] == param
 
 
 @pytest.mark.parametrize(

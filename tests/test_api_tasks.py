@@ -171,8 +171,9 @@ def test_failed_task_carries_its_problem(api):
     assert body["response"] is None
     assert body["error"]["code"] == "backend_error"
     assert body["error"]["status"] == 500
-    # Key order survives the database (PostgreSQL's jsonb would sort keys).
-    assert list(body["error"]) == ["type", "title", "status", "detail", "code"]
+    # Key order survives the database (PostgreSQL's jsonb would sort keys); OpenAI's `message` comes last.
+    assert list(body["error"]) == ["type", "title", "status", "detail", "code", "message"]
+    assert body["error"]["message"] == f"backend_error: {body['error']['detail']}"
 
 
 # --- cancel (7.3) -------------------------------------------------------------

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
+import string
 import subprocess
 import sys
+import unicodedata
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -20,9 +24,11 @@ from onnx import numpy_helper
 from tokenizers import Tokenizer
 
 from fixture_models import demo
-from fixture_models.demo import DEMO_SIZES, EOS_HEAD_WEIGHT, SPECIAL_TOKENS, build_demo_model
+from fixture_models.demo import DEMO_SIZES, EOS_HEAD_WEIGHT, SPECIAL_TOKENS, _bytes_to_unicode, build_demo_model
 from tasks_app.models import ModelRecord
 from tests.support.tasks import create, wait_for_status
+from workers.backends.base import FINISH_EOS, SamplingParams
+from workers.backends.onnx import OnnxGeneration, OnnxModel, OnnxRuntimeBackend
 
 # No database here: the PostgreSQL pass of scripts/test leaves these out (tests/conftest.py).
 pytestmark = pytest.mark.database_free
@@ -33,6 +39,8 @@ BUILD_SCRIPT = (
     "from fixture_models.demo import build_demo_model\n"
     "build_demo_model(pathlib.Path(sys.argv[1]))\n"
 )
+# weights_digest() of demo:endless, the random demo weights (size "demo", seed 0).
+RANDOM_DEMO_WEIGHTS_SHA256 = "3ea7be1082e0173a5c305ddb2971904286141e4272344b5dc837599f172c1599"
 EXPECTED_FILES = {
     "model.onnx",
     "model.onnx_data",
@@ -173,15 +181,35 @@ def test_seed_changes_weights_only(tmp_path: Path, model_dir: Path) -> None:
     assert (tmp_path / "tokenizer.json").read_bytes() == (model_dir / "tokenizer.json").read_bytes()
 
 
-def test_the_endless_variant_has_the_same_weights_without_the_eos_head(model_dir: Path, endless_dir: Path) -> None:
+def weights_digest(model: onnx.ModelProto) -> str:
+    """SHA-256 of every initializer's name, dtype, shape and values: the weights, whatever the file layout."""
+    digest = hashlib.sha256()
+    for tensor in sorted(model.graph.initializer, key=lambda t: t.name):
+        array = numpy_helper.to_array(tensor)
+        digest.update(f"{tensor.name}|{array.dtype}|{array.shape}|".encode())
+        digest.update(array.tobytes())
+    return digest.hexdigest()
+
+
+def test_the_endless_variant_keeps_the_random_weights_and_leaves_out_the_eos_head(
+    model_dir: Path, endless_dir: Path
+) -> None:
     assert {p.name for p in endless_dir.iterdir()} == EXPECTED_FILES
     for name in sorted(EXPECTED_FILES - {"model.onnx", "model.onnx_data"}):
         assert (endless_dir / name).read_bytes() == (model_dir / name).read_bytes(), name
-    ending = {t.name: numpy_helper.to_array(t) for t in onnx.load(str(model_dir / "model.onnx")).graph.initializer}
-    endless = {t.name: numpy_helper.to_array(t) for t in onnx.load(str(endless_dir / "model.onnx")).graph.initializer}
-    assert set(ending) - set(endless) == {EOS_HEAD_WEIGHT}
-    for name, array in endless.items():
-        np.testing.assert_array_equal(array, ending[name], err_msg=name)
+    ending = onnx.load(str(model_dir / "model.onnx"))
+    endless = onnx.load(str(endless_dir / "model.onnx"))
+    ending_weights = {t.name: numpy_helper.to_array(t) for t in ending.graph.initializer}
+    endless_weights = {t.name: numpy_helper.to_array(t) for t in endless.graph.initializer}
+    # The same graph (the EOS head aside), with other weights: demo's are fitted, demo:endless's random.
+    assert set(ending_weights) - set(endless_weights) == {EOS_HEAD_WEIGHT}
+    assert {n.name for n in endless.graph.node} < {n.name for n in ending.graph.node}
+    for name, array in endless_weights.items():
+        assert array.shape == ending_weights[name].shape, name
+    assert not np.array_equal(endless_weights["lm_head.weight"], ending_weights["lm_head.weight"])
+    # What this builder has written for demo:endless since before demo had an EOS head: tests and
+    # benches compare against these very weights.
+    assert weights_digest(endless) == RANDOM_DEMO_WEIGHTS_SHA256
 
 
 @pytest.mark.django_db
@@ -598,6 +626,101 @@ def test_chat_template_renders_chatml(model_dir: Path, tokenizer: Tokenizer) -> 
     assert ids[0] == im_start
     assert ids.count(im_start) == 3 and ids.count(im_end) == 2
     assert tokenizer.decode(ids, skip_special_tokens=False) == rendered
+
+
+# --------------------------------------------------------------------------- #
+# What demo writes: the corpus' words, through the real backend
+# --------------------------------------------------------------------------- #
+
+# What a word may carry around it and still be the corpus' word ("sea." is "sea").
+PUNCTUATION = string.punctuation + "，。、！？：；«»“”‘’—–…"  # noqa: RUF001 - CJK punctuation is intended
+CORPUS_WORDS = set(demo._CORPUS.split()) | {word.strip(PUNCTUATION) for word in demo._CORPUS.split()}
+READING_PROMPTS = [
+    "Hello",
+    "Tell me a story.",
+    "x",
+    "What is 2+2?",
+    "Grüße, 東京 🚀 — café, naïve, 서울",
+    "Unseen bytes: \x07 ∮ E⋅da = Q, 𝔘𝔫𝔦𝔠𝔬𝔡𝔢",  # noqa: RUF001
+    "lighthouse " * 40,  # a long prompt: a short answer
+]
+READING_SEEDS = [None, 1, 2, 3]  # None: greedy
+# The module docstring's bound: every text ends by about the end of the EOS head's ramp.
+MOST_TOKENS = 600
+
+
+@pytest.fixture(scope="module")
+def backend_model(model_dir: Path) -> Iterator[OnnxModel]:
+    loaded = OnnxRuntimeBackend().load(model_dir, device="cpu")
+    yield loaded
+    loaded.close()
+
+
+def answer(model: OnnxModel, text: str, seed: int | None) -> OnnxGeneration:
+    """The whole answer to a one-message chat: greedy when ``seed`` is None, else sampled at temperature 1."""
+    params = (
+        SamplingParams(temperature=0, max_output_tokens=1000)
+        if seed is None
+        else SamplingParams(temperature=1.0, seed=seed, max_output_tokens=1000)
+    )
+    generation = model.generate(model.prompt_ids({"input": text}), params, should_stop=lambda: False)
+    for _ in generation:
+        pass
+    return generation
+
+
+@pytest.mark.parametrize("text", READING_PROMPTS)
+def test_the_demo_writes_corpus_words_and_ends_by_itself(backend_model: OnnxModel, text: str) -> None:
+    for seed in READING_SEEDS:
+        generation = answer(backend_model, text, seed)
+        written = generation.text()
+        assert generation.finish_reason == FINISH_EOS, (seed, written)
+        assert generation.output_tokens <= MOST_TOKENS, (seed, generation.output_tokens)
+        assert "\ufffd" not in written, (seed, written)
+        assert not [char for char in written if char != "\n" and unicodedata.category(char)[0] == "C"], (seed, written)
+        words = written.split()
+        known = [word for word in words if word in CORPUS_WORDS or word.strip(PUNCTUATION) in CORPUS_WORDS]
+        assert len(words) >= 3 and len(known) >= 0.9 * len(words), (seed, written)
+
+
+def test_the_demo_writes_other_words_for_other_prompts_and_seeds(backend_model: OnnxModel) -> None:
+    texts = {answer(backend_model, text, seed).text() for text in ("Hello", "x") for seed in READING_SEEDS}
+    assert len(texts) == 2 * len(READING_SEEDS)
+    assert len({word for text in texts for word in text.split()}) > 100
+
+
+def test_no_prompt_makes_a_control_character_or_a_stray_utf8_piece_possible(
+    session: ort.InferenceSession, config: dict, tokenizer: Tokenizer
+) -> None:
+    byte_of = {char: byte for byte, char in _bytes_to_unicode().items()}
+    pieces = {i: bytes(byte_of[c] for c in token) for token, i in tokenizer.get_vocab(with_added_tokens=False).items()}
+
+    def whole(piece: bytes) -> bool:
+        try:
+            piece.decode("utf-8")
+        except UnicodeDecodeError:
+            return False
+        return True
+
+    vocab = config["vocab_size"]
+    # Special tokens (but the EOS token, which the EOS head gives its own logit) and tokens with a control character.
+    never = np.zeros(vocab, dtype=bool)
+    never[[tokenizer.token_to_id(t) for t in SPECIAL_TOKENS if t != "<|im_end|>"]] = True
+    for i, piece in pieces.items():
+        never[i] = whole(piece) and any(c != "\n" and unicodedata.category(c)[0] == "C" for c in piece.decode())
+    # Tokens that continue a character another token began: never after a token that ends a character.
+    continuation = np.array([i in pieces and 0x80 <= pieces[i][0] < 0xC0 for i in range(vocab)])
+    ends_a_character = np.array([i not in pieces or whole(pieces[i]) for i in range(vocab)])
+    assert never.sum() > len(SPECIAL_TOKENS) and continuation.sum() > 30
+
+    for seed in range(6):
+        ids = np.random.default_rng(seed).integers(0, vocab, (1, 64))  # special tokens and stray pieces too
+        logits, _ = forward(session, config, ids)
+        scores = logits[0].astype(np.float64)
+        probs = np.exp(scores - scores.max(axis=-1, keepdims=True))
+        probs /= probs.sum(axis=-1, keepdims=True)
+        assert probs[:, never].sum(axis=-1).max() < 1e-12
+        assert probs[ends_a_character[ids[0]]][:, continuation].sum(axis=-1).max() < 1e-12
 
 
 # --------------------------------------------------------------------------- #

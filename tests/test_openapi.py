@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+import httpx
 import pytest
 from django.contrib.staticfiles import finders
 from django.core.cache import cache
@@ -51,6 +52,7 @@ TERMINAL = {"succeeded", "failed", "cancelled"}
 API_HEADERS = ("Location", "Retry-After", "WWW-Authenticate", "Idempotent-Replayed", "Allow")
 # A short generation, so the single test worker is never blocked for long.
 SHORT = {"max_output_tokens": 2}
+CHAT_PATH = "/chat/completions"
 
 
 @pytest.fixture(autouse=True)
@@ -256,6 +258,13 @@ CANNOT_PRODUCE = {
     # and our read (a race, not something a test can set up without a fault).
     ("post", "/lmsp/v1/tasks", 409, "idempotency_key_in_use"),
 }
+# A chat completion answers a failed response's stored problem as it is; these need a failing backend,
+# a model that does not load, or a restart under a waiting request (tests/test_chat_completions.py
+# answers context_length_exceeded through the same path).
+CANNOT_PRODUCE |= {
+    ("post", "/lmsp/v1/chat/completions", 500, code)
+    for code in ("backend_error", "model_load_failed", "server_restarted")
+}
 # Every operation's 500 needs an injected fault (a bug, a lost database).
 CANNOT_PRODUCE_ANYWHERE = {(500, "internal_error")}
 
@@ -339,6 +348,16 @@ class Ledger:
             self.faults.append(f"{where}: media type not documented ({sorted(content)})")
             return
         schema_at = pointer("paths", path, method, "responses", str(answer.status), "content", answer.media_type)
+        if answer.media_type == EVENT_STREAM and path.endswith(CHAT_PATH):
+            if not answer.events or answer.frames[-1] != {"data": "[DONE]"}:
+                self.faults.append(f"{where}: a chat stream without chunks or without [DONE] at its end")
+            for chunk in answer.events:
+                for error in self._invalid("components/schemas/ChatCompletionChunk", chunk):
+                    self.faults.append(f"{where}: chunk {chunk}: {error}")
+            for frame in answer.frames:
+                for error in self._invalid(schema_at + "/schema", frame):
+                    self.faults.append(f"{where}: frame {frame}: {error}")
+            return
         if answer.media_type == EVENT_STREAM:
             if not answer.events:
                 self.faults.append(f"{where}: a stream without events")
@@ -371,6 +390,16 @@ class Ledger:
 
 class Caller:
     """Requests through Django's test client (in this process) and through the live server."""
+
+    def chat_live(self, path: str, *, token: str, body: Any) -> Answer:
+        """A chat completion's stream from the live server: its ``data:`` lines, the chunks parsed."""
+        reply = httpx.post(f"{self.base}{path}", json=body, headers={"Authorization": f"Bearer {token}"}, timeout=60)
+        frames = [
+            {"data": line.removeprefix("data: ")} for line in reply.text.splitlines() if line.startswith("data: ")
+        ]
+        chunks = [json.loads(frame["data"]) for frame in frames if frame["data"] != "[DONE]"]
+        headers = {name.lower(): value for name, value in reply.headers.items()}
+        return self.ledger.saw("POST", path, Answer(reply.status_code, headers, reply.content, chunks, frames))
 
     def __init__(self, ledger: Ledger, base: str) -> None:
         self.ledger = ledger
@@ -559,6 +588,45 @@ def test_every_answer_is_documented_and_every_documented_answer_happens(
         call.here("POST", responses, token=api.token, body={**request, "model": "demo", "on_restart": "resume"})
     finally:
         ModelRecord.objects.filter(pk=demo.pk).update(capabilities=capabilities)
+
+    # Conversations (PROFILE.md 10.2) and what the service refuses by name (10.1), on both endpoints.
+    pending = lifecycle.task_insert(client=api.client, request=body["input"], model="demo")
+    short = {"model": "demo", "input": "Hello", **SHORT}
+    for path, envelope in ((responses, lambda r: r), (tasks, lambda r: {"type": "response", "input": r})):
+        call.here("POST", path, token=api.token, body=envelope({**short, "previous_response_id": "resp_nope"}))
+        call.here("POST", path, token=api.token, body=envelope({**short, "previous_response_id": pending.response_id}))
+        call.here("POST", path, token=api.token, body=envelope({**short, "text": {"format": {"type": "json_object"}}}))
+
+    # POST /chat/completions (PROFILE.md 10.3): waited for, streamed, refused, failed, cancelled, limited.
+    chat = f"{API}chat/completions"
+    chat_body = {"model": "demo", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 2}
+    call.here("POST", chat, token=api.token, body=chat_body)
+    call.chat_live(chat, token=api.token, body={**chat_body, "stream": True, "stream_options": {"include_usage": True}})
+    call.here("POST", chat, token=api.token, body={**chat_body, "n": 2})
+    call.here("POST", chat, token=api.token, body={**chat_body, "model": "nope"})
+    call.here("POST", chat, token=api.token, body={**chat_body, "messages": []})
+    call.here("POST", chat, token=api.token, raw="hello", content_type="text/plain")
+    call.here("POST", chat, token=api.token, raw=big)
+    context = ModelRecord.objects.get(name="demo").config["max_position_embeddings"]
+    too_long = {**chat_body, "messages": [{"role": "user", "content": "Hello " * context}]}
+    call.here("POST", chat, token=api.token, body=too_long)
+    with override_settings(LMSP_MAX_QUEUED_TASKS=0):
+        call.here("POST", chat, token=api.token, body=chat_body)
+    with override_settings(LMSP_MAX_STREAMS_PER_CLIENT=0):
+        call.here("POST", chat, token=api.token, body={**chat_body, "stream": True})
+    with database_write_locked(), lock_wait(0.2):
+        call.here("POST", chat, token=api.token, body=chat_body)
+    # A waiting chat completion whose generation is cancelled (by an operator) answers 409.
+    endless_chat = {**chat_body, "model": ENDLESS_MODEL, "max_tokens": 8000}
+    with ThreadPoolExecutor(1) as pool:
+        before = set(Task.objects.values_list("id", flat=True))
+        waiting_chat = pool.submit(call.here, "POST", chat, token=api.token, body=endless_chat)
+        chat_task = wait_until(
+            lambda: Task.objects.exclude(id__in=before).filter(status="running").first(),
+            what="the waiting chat completion never ran",
+        )
+        call.here("POST", cancel_path, url=fill(cancel_path, chat_task.id), token=api.token)
+        assert waiting_chat.result().status == 409
 
     # POST /pair: a real code, then bad ones until the rate limit answers.
     _, code = pairing_code_create(scopes="read")

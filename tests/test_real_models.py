@@ -140,7 +140,9 @@ def assert_matches(response: dict[str, Any], expected: dict[str, Any], worker: W
     assert output_text(response) == expected["text"]
     assert response["usage"] == {
         "input_tokens": expected["prompt_tokens"],
+        "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
         "output_tokens": expected["output_tokens"],
+        "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": expected["prompt_tokens"] + expected["output_tokens"],
     }
 

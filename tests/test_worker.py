@@ -259,17 +259,30 @@ def test_a_model_that_fails_to_load_fails_the_task_and_the_worker_goes_on(
         shutil.rmtree(broken)
 
 
-def test_a_prompt_longer_than_the_context_fails_with_backend_error(api, running_worker):
+def test_a_prompt_longer_than_the_context_fails_with_context_length_exceeded(api, running_worker):
+    # PROFILE.md 10.1: without `truncation: auto` an overflow is the client's context_length_exceeded.
     task = create(api, "word " * 9000, max_output_tokens=5)
 
     done = wait_for_status(api, task["id"], TERMINAL)
 
     assert done["status"] == "failed"
-    assert done["error"]["code"] == "backend_error"
+    assert done["error"]["code"] == "context_length_exceeded"
+    assert done["error"]["status"] == 400
     assert "context" in done["error"]["detail"]
     assert_well_formed_log(events_of(task["id"]))
     after = create(api, "Still alive?", max_output_tokens=5)
     assert wait_for_status(api, after["id"], TERMINAL)["status"] == "succeeded"
+
+
+def test_a_foreground_response_longer_than_the_context_is_answered_as_its_stored_failed_response(api, running_worker):
+    # docs/api.md: the web app has no tokenizer, so the response exists by the time the worker finds the overflow.
+    reply = api.post("/lmsp/v1/responses", {"model": "demo", "input": "word " * 9000, "max_output_tokens": 5})
+
+    assert reply.status_code == 200, reply.content
+    body = reply.json()
+    assert (body["status"], body["error"]["code"], body["output"]) == ("failed", "context_length_exceeded", [])
+    assert body["error"]["message"] == f"context_length_exceeded: {body['error']['detail']}"
+    assert api.get(f"/lmsp/v1/responses/{body['id']}").json() == body
 
 
 def test_cancel_while_loading(api, running_worker, worker_models_root):

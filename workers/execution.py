@@ -40,6 +40,7 @@ from tasks_app import broker, faults, lifecycle, states
 from tasks_app.db_locks import is_database_unavailable
 from tasks_app.exceptions import (
     BackendError,
+    ContextLengthExceeded,
     DatabaseBusy,
     InvalidRequest,
     LmspError,
@@ -63,7 +64,7 @@ from workers.backends.base import (
     RowStream,
     SamplingParams,
 )
-from workers.backends.errors import ModelLoadError, PromptRejected, RuntimeFailure
+from workers.backends.errors import ContextTooLong, ModelLoadError, PromptRejected, RuntimeFailure
 from workers.cancel_watcher import cancel_watcher
 from workers.engine import engine_for
 from workers.model_cache import model_cache
@@ -79,7 +80,7 @@ CLAIM_PATIENCE_SECONDS = 5.0
 CLAIM_RETRY_PAUSE_SECONDS = 2.0
 
 
-def _usage(generation: Generation | None) -> dict[str, int] | None:
+def _usage(generation: Generation | None) -> dict[str, Any] | None:
     return None if generation is None else usage_object(generation.prompt_tokens, generation.output_tokens)
 
 
@@ -95,6 +96,8 @@ def runtime_problem(exc: BaseException) -> dict[str, Any]:
         return ModelLoadFailed(str(exc)).to_problem()
     if isinstance(exc, PromptRejected):
         return InvalidRequest(str(exc)).to_problem()
+    if isinstance(exc, ContextTooLong):
+        return ContextLengthExceeded(str(exc)).to_problem()
     if isinstance(exc, RuntimeFailure):  # GenerationError, and any the runtime adds later
         return BackendError(str(exc)).to_problem()
     if isinstance(exc, LmspError):

@@ -143,3 +143,85 @@ def operation(*, problems: Sequence[type[exc.LmspError]] = (), **schema: Any) ->
         return extend_schema(**schema)(handler)
 
     return decorate
+
+
+# A chat completion's stream (PROFILE.md 10.3): `data:` lines only, each a chunk (or an error), then
+# `data: [DONE]`; as an SSE parser yields them, a frame is its `data`.
+_CHAT_DELTA = {
+    "type": "object",
+    "properties": {
+        "role": {"type": "string", "enum": ["assistant"]},
+        "content": {"type": ["string", "null"]},
+        "tool_calls": {"type": "array", "items": {"type": "object"}},
+    },
+    "additionalProperties": False,
+}
+CHAT_COMPLETION_CHUNK_SCHEMA = {
+    "oneOf": [
+        {
+            "type": "object",
+            "required": ["id", "object", "created", "model", "choices"],
+            "properties": {
+                "id": {"type": "string", "pattern": "^chatcmpl-"},
+                "object": {"type": "string", "enum": ["chat.completion.chunk"]},
+                "created": {"type": "integer"},
+                "model": {"type": "string"},
+                "system_fingerprint": {"type": "null"},
+                "choices": {
+                    "type": "array",
+                    "maxItems": 1,
+                    "items": {
+                        "type": "object",
+                        "required": ["index", "delta", "finish_reason"],
+                        "properties": {
+                            "index": {"type": "integer", "enum": [0]},
+                            "delta": _CHAT_DELTA,
+                            "logprobs": {"type": "null"},
+                            "finish_reason": {
+                                "type": ["string", "null"],
+                                "enum": ["stop", "length", "tool_calls", None],
+                            },
+                        },
+                    },
+                },
+                "usage": {
+                    "oneOf": [
+                        {"type": "null"},
+                        {"$ref": "#/components/schemas/ChatCompletionUsage"},
+                    ]
+                },
+            },
+            "additionalProperties": False,
+        },
+        {
+            "type": "object",
+            "required": ["error"],
+            "properties": {"error": {"$ref": "#/components/schemas/SdkError"}},
+            "additionalProperties": False,
+            "description": "A failure mid-stream (the generation failed or was cancelled); `[DONE]` follows.",
+        },
+    ]
+}
+CHAT_STREAM = OpenApiResponse(
+    {
+        "type": "object",
+        "required": ["data"],
+        "properties": {
+            # anyOf: a validator does not read contentSchema, so "[DONE]" matches both.
+            "data": {
+                "anyOf": [
+                    {"type": "string", "enum": ["[DONE]"]},
+                    {
+                        "type": "string",
+                        "contentMediaType": "application/json",
+                        "contentSchema": {"$ref": "#/components/schemas/ChatCompletionChunk"},
+                    },
+                ]
+            }
+        },
+    },
+    description="`stream: true`: `data: <a ChatCompletionChunk as JSON>` lines, the first with the role, "
+    "then content deltas, one with `finish_reason`, with `stream_options.include_usage` one with `usage` "
+    'and no choices (every other chunk then has `usage: null`); a failure is one `data: {"error": ...}` '
+    "line; the last line is `data: [DONE]`.",
+)

@@ -51,8 +51,18 @@ class ProblemSchema(serializers.Serializer):
     instance = serializers.CharField(
         required=False, help_text="The request path. Absent in a task's or response's `error`."
     )
+    param = serializers.CharField(
+        required=False,
+        help_text="`unsupported_parameter` only: the field (its path in the body) that asks for what the "
+        "service does not do.",
+    )
     errors = ProblemFieldErrorSchema(
         many=True, required=False, help_text="Validation errors, one per offending field (400 only)."
+    )
+    message = serializers.CharField(
+        required=False,
+        help_text="Extension: in a task's or response's `error` only, `code: detail`, which OpenAI's "
+        "`ResponseError` requires.",
     )
     error = SdkErrorSchema(
         required=False,
@@ -61,10 +71,23 @@ class ProblemSchema(serializers.Serializer):
     )
 
 
+@extend_schema_serializer(component_name="InputTokensDetails")
+class InputTokensDetailsSchema(serializers.Serializer):
+    cached_tokens = serializers.IntegerField(min_value=0, help_text="0: no prompt cache yet.")
+    cache_write_tokens = serializers.IntegerField(min_value=0, help_text="0: no prompt cache yet.")
+
+
+@extend_schema_serializer(component_name="OutputTokensDetails")
+class OutputTokensDetailsSchema(serializers.Serializer):
+    reasoning_tokens = serializers.IntegerField(min_value=0, help_text="0: no reasoning is counted apart.")
+
+
 @extend_schema_serializer(component_name="Usage")
 class UsageSchema(serializers.Serializer):
     input_tokens = serializers.IntegerField()
+    input_tokens_details = InputTokensDetailsSchema()
     output_tokens = serializers.IntegerField()
+    output_tokens_details = OutputTokensDetailsSchema()
     total_tokens = serializers.IntegerField()
 
 
@@ -112,6 +135,26 @@ class ResponseSchema(serializers.Serializer):
     top_k = serializers.IntegerField(allow_null=True, help_text=_SAMPLING_ECHO)
     min_p = serializers.FloatField(allow_null=True, help_text=_SAMPLING_ECHO)
     repetition_penalty = serializers.FloatField(allow_null=True, help_text=_SAMPLING_ECHO)
+    # PROFILE.md 10.1: what the request accepted, echoed with OpenAI's defaults for what it left out.
+    previous_response_id = serializers.CharField(allow_null=True)
+    tools = serializers.ListField(child=serializers.DictField(), help_text="The request's function tools.")
+    tool_choice = serializers.JSONField(help_text="`auto` unless the request said otherwise.")
+    parallel_tool_calls = serializers.BooleanField()
+    max_tool_calls = serializers.IntegerField(allow_null=True)
+    text = serializers.DictField(help_text='`format` (`{"type": "text"}`) and `verbosity`.')
+    truncation = serializers.ChoiceField(choices=["disabled", "auto"])
+    top_logprobs = serializers.IntegerField()
+    reasoning = serializers.DictField()
+    service_tier = serializers.ChoiceField(choices=["auto", "default"])
+    store = serializers.BooleanField()
+    user = serializers.CharField(allow_null=True)
+    safety_identifier = serializers.CharField(allow_null=True)
+    prompt_cache_key = serializers.CharField(allow_null=True)
+    prompt_cache_retention = serializers.CharField(allow_null=True)
+    prompt_cache_options = serializers.DictField(allow_null=True, help_text="As the request gave it: a hint.")
+    image = serializers.DictField(allow_null=True, help_text="As the request gave it.")
+    frequency_penalty = serializers.FloatField(allow_null=True, help_text="Extension: as the request sent it.")
+    presence_penalty = serializers.FloatField(allow_null=True, help_text="Extension: as the request sent it.")
     metadata = serializers.DictField(child=serializers.CharField(), help_text=f"At most {MAX_METADATA_PAIRS} pairs.")
     background = serializers.BooleanField(
         help_text="Extension: created with `background: true` (answered at once, followed by reads or webhooks)."
@@ -255,6 +298,63 @@ def stream_event_schema() -> dict[str, Any]:
             "content_index": {"type": "integer"},
             "delta": {"type": "string", "description": "On `response.output_text.delta`: the next text."},
             "text": {"type": "string", "description": "On `response.output_text.done`: the whole text."},
+            "logprobs": {
+                "type": "array",
+                "items": {"type": "object"},
+                "maxItems": 0,
+                "description": "On the `output_text` events: always empty (no log probabilities are computed).",
+            },
             "part": ref("OutputText"),
         },
     }
+
+
+@extend_schema_serializer(component_name="ChatCompletionMessage")
+class ChatCompletionMessageSchema(serializers.Serializer):
+    role = serializers.ChoiceField(choices=["assistant"])
+    content = serializers.CharField(allow_null=True)
+    refusal = serializers.CharField(allow_null=True, help_text="Always null: the models here do not refuse apart.")
+    tool_calls = serializers.ListField(child=serializers.DictField(), allow_null=True)
+
+
+@extend_schema_serializer(component_name="ChatCompletionChoice")
+class ChatCompletionChoiceSchema(serializers.Serializer):
+    index = serializers.IntegerField(min_value=0, max_value=0)
+    message = ChatCompletionMessageSchema()
+    logprobs = serializers.DictField(allow_null=True, help_text="Always null.")
+    finish_reason = serializers.ChoiceField(
+        choices=["stop", "length", "tool_calls"], help_text="`length`: the token limit or the context ended it."
+    )
+
+
+@extend_schema_serializer(component_name="PromptTokensDetails")
+class PromptTokensDetailsSchema(serializers.Serializer):
+    cached_tokens = serializers.IntegerField(min_value=0, help_text="0: no prompt cache yet.")
+
+
+@extend_schema_serializer(component_name="CompletionTokensDetails")
+class CompletionTokensDetailsSchema(serializers.Serializer):
+    reasoning_tokens = serializers.IntegerField(min_value=0, help_text="0: no reasoning is counted apart.")
+
+
+@extend_schema_serializer(component_name="ChatCompletionUsage")
+class ChatCompletionUsageSchema(serializers.Serializer):
+    prompt_tokens = serializers.IntegerField(min_value=0)
+    completion_tokens = serializers.IntegerField(min_value=0)
+    total_tokens = serializers.IntegerField(min_value=0)
+    prompt_tokens_details = PromptTokensDetailsSchema()
+    completion_tokens_details = CompletionTokensDetailsSchema()
+
+
+@extend_schema_serializer(component_name="ChatCompletion")
+class ChatCompletionSchema(serializers.Serializer):
+    """A chat completion (PROFILE.md 10.3): the response of the same request, in Chat Completions' shape."""
+
+    id = serializers.CharField(help_text="`chatcmpl-` + the response's ULID: `resp_` + the same ULID reads it.")
+    object = serializers.ChoiceField(choices=["chat.completion"])
+    created = serializers.IntegerField(help_text="Unix seconds.")
+    model = serializers.CharField()
+    choices = ChatCompletionChoiceSchema(many=True)
+    usage = ChatCompletionUsageSchema()
+    service_tier = serializers.ChoiceField(choices=["auto", "default"])
+    system_fingerprint = serializers.CharField(allow_null=True)

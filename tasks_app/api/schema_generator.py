@@ -31,6 +31,7 @@ from django.conf import settings
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from drf_spectacular.generators import EndpointEnumerator, SchemaGenerator
 
+from tasks_app.api.schema_annotations import CHAT_COMPLETION_CHUNK_SCHEMA
 from tasks_app.api.schema_components import stream_event_schema
 from tasks_app.api.schema_problems import operation_problems, problem_classes, problem_meaning, problem_response
 from tasks_app.api.schema_stand_ins import documented_view
@@ -117,6 +118,8 @@ def lmsp_postprocess(result: dict[str, Any], generator: SchemaGenerator, **kwarg
 
     components = result.setdefault("components", {})
     components.setdefault("schemas", {})["StreamEvent"] = stream_event_schema()
+    components["schemas"]["ChatCompletionChunk"] = CHAT_COMPLETION_CHUNK_SCHEMA
+    components["schemas"][JSON_VALUE] = JSON_VALUE_SCHEMA
     components["schemas"] = dict(sorted(components["schemas"].items()))
     schemes = components.setdefault("securitySchemes", {})
     schemes[STREAM_TOKEN] = {
@@ -169,11 +172,33 @@ def _strict_request_schemas(result: dict[str, Any]) -> None:
         pending += _subschemas(node)
 
 
-def _make_strict(node: dict[str, Any]) -> None:
+# Any JSON value the parser takes: what a free-form object (a tool's `parameters`, a hint) or list may hold.
+JSON_VALUE = "JsonValue"
+JSON_VALUE_REF = {"$ref": f"#/components/schemas/{JSON_VALUE}"}
+JSON_VALUE_SCHEMA = {
+    "description": "Any JSON value without U+0000 in its strings or keys.",
+    "anyOf": [
+        {"type": ["null", "boolean", "number"]},
+        {"type": "string", "pattern": NO_NUL_PATTERN},
+        {"type": "array", "items": JSON_VALUE_REF},
+        {"type": "object", "propertyNames": {"pattern": NO_NUL_PATTERN}, "additionalProperties": JSON_VALUE_REF},
+    ],
+}
+
+
+def _of_type(node: dict[str, Any], name: str) -> bool:
     types = node.get("type")
-    is_string = types == "string" or (isinstance(types, list) and "string" in types)
+    return types == name or (isinstance(types, list) and name in types)
+
+
+def _make_strict(node: dict[str, Any]) -> None:
+    is_string = _of_type(node, "string")
     if is_string and not {"enum", "const", "pattern"} & set(node):
         node["pattern"] = NO_NUL_PATTERN
+    if _of_type(node, "array") and "items" not in node:
+        node["items"] = JSON_VALUE_REF
+    if _of_type(node, "object") and not {"properties", "additionalProperties", "oneOf", "anyOf"} & set(node):
+        node["additionalProperties"] = JSON_VALUE_REF
     if isinstance(node.get("additionalProperties"), dict):
         node.setdefault("propertyNames", {}).setdefault("pattern", NO_NUL_PATTERN)
     elif "properties" in node:

@@ -14,8 +14,10 @@ from drf_spectacular.utils import OpenApiParameter, OpenApiResponse
 from rest_framework.views import APIView
 
 from tasks_app import exceptions as exc
-from tasks_app.api import stream_views
+from tasks_app.api import chat_completions_views, stream_views
+from tasks_app.api.chat_completions_serializers import ChatCompletionRequestSerializer
 from tasks_app.api.schema_annotations import (
+    CHAT_STREAM,
     EVENT_STREAM,
     EVENT_STREAM_MEDIA_TYPE,
     IDEMPOTENCY_KEY,
@@ -27,7 +29,7 @@ from tasks_app.api.schema_annotations import (
     idempotent_replayed,
     operation,
 )
-from tasks_app.api.schema_components import DeletedResponseSchema, ResponseSchema
+from tasks_app.api.schema_components import ChatCompletionSchema, DeletedResponseSchema, ResponseSchema
 from tasks_app.api.serializers import ResponseCreateInputSerializer
 
 
@@ -87,6 +89,9 @@ class ResponsesOperations(APIView):
         problems=[
             exc.InvalidRequest,
             exc.UnsupportedCapability,
+            exc.UnsupportedParameter,
+            exc.ResponseNotFound,
+            exc.ResponseNotFinished,
             exc.ModelNotFound,
             exc.IdempotencyKeyInUse,
             exc.EventHistoryExpired,
@@ -170,11 +175,53 @@ class ResponseCancelOperations(APIView):
         """Schema only."""
 
 
+class ChatCompletionsOperations(APIView):
+    """``chat_completions_views.chat_completions_create`` as the schema shows it."""
+
+    scopes_by_method = {"POST": ("responses",)}
+
+    @operation(
+        operation_id="chat_completions_create",
+        summary="Create a chat completion (OpenAI's Chat Completions)",
+        description="Extension (PROFILE.md 10.3): the request runs as a response task on the same workers "
+        "(listed by `GET /tasks`; `chatcmpl-X` is `resp_X`), not stored for `previous_response_id`. "
+        "`stream: false` waits and answers the `chat.completion`; `stream: true` answers "
+        "`data: {chat.completion.chunk}` lines (the first carries the role, then content deltas, one with "
+        "`finish_reason`, with `stream_options.include_usage` one with `usage` and no choices, or a "
+        '`data: {"error": ...}` line for a failure), then `data: [DONE]`. A client that disconnects '
+        "cancels the generation. What a field asks for that this service cannot do is "
+        "`400 unsupported_parameter` naming the field (`n` > 1, `store: true`, `logprobs`, non-text "
+        "`response_format`, function tools the model cannot call yet, image or audio parts, ...). "
+        "`Idempotency-Key` is refused: retries that must not run twice use `POST /responses`.",
+        request=ChatCompletionRequestSerializer,
+        responses={
+            (200, "application/json"): OpenApiResponse(ChatCompletionSchema, description="`stream: false`."),
+            (200, EVENT_STREAM_MEDIA_TYPE): CHAT_STREAM,
+        },
+        problems=[
+            exc.InvalidRequest,
+            exc.UnsupportedParameter,
+            exc.ModelNotFound,
+            exc.ContextLengthExceeded,
+            exc.ResponseCancelled,
+            exc.QueueFull,
+            exc.DatabaseBusy,
+            exc.TooManyStreams,
+            exc.BackendError,
+            exc.ModelLoadFailed,
+            exc.ServerRestarted,
+        ],
+    )
+    def post(self, request: Any) -> None:
+        """Schema only."""
+
+
 _STAND_INS: dict[Callable[..., Any], Callable[..., Any]] = {
     stream_views.task_events: TaskEventsOperations.as_view(),
     stream_views.responses_create: ResponsesOperations.as_view(),
     stream_views.response_detail: ResponseDetailOperations.as_view(),
     stream_views.response_cancel: ResponseCancelOperations.as_view(),
+    chat_completions_views.chat_completions_create: ChatCompletionsOperations.as_view(),
 }
 
 

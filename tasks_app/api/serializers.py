@@ -12,11 +12,13 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlencode
 
+from django.core.validators import RegexValidator
 from django.http import HttpRequest
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from tasks_app.exceptions import InvalidRequest
+from tasks_app import request_surface
+from tasks_app.exceptions import InvalidRequest, UnsupportedParameter
 from tasks_app.ids import TASK_PREFIX
 from tasks_app.models import TaskType
 from tasks_app.states import RestartPolicy, TaskStatus
@@ -39,9 +41,25 @@ TEXT_PART_TYPES = ("input_text", "output_text")
 
 # OpenAPI shapes of the fields below that take more than one JSON type.
 _TEXT_PART_SCHEMA = {
-    "type": "object",
-    "required": ["type", "text"],
-    "properties": {"type": {"type": "string", "enum": list(TEXT_PART_TYPES)}, "text": {"type": "string"}},
+    "oneOf": [
+        {
+            "type": "object",
+            "required": ["type", "text"],
+            "properties": {
+                "type": {"type": "string", "enum": list(TEXT_PART_TYPES)},
+                "text": {"type": "string"},
+                "annotations": {"type": "array"},
+                "logprobs": {"type": ["array", "null"]},
+            },
+            "additionalProperties": False,
+        },
+        {
+            "type": "object",
+            "required": ["type", "refusal"],
+            "properties": {"type": {"type": "string", "enum": ["refusal"]}, "refusal": {"type": "string"}},
+            "additionalProperties": False,
+        },
+    ]
 }
 _CONTENT_SCHEMA = {
     "oneOf": [{"type": "string"}, {"type": "array", "minItems": 1, "items": _TEXT_PART_SCHEMA}],
@@ -54,7 +72,10 @@ _MESSAGE_ITEM_SCHEMA = {
         "type": {"type": "string", "enum": ["message"], "default": "message"},
         "role": {"type": "string", "enum": list(ROLES)},
         "content": _CONTENT_SCHEMA,
+        "id": {"type": "string", "maxLength": 200},
+        "status": {"type": "string", "enum": ["in_progress", "completed", "incomplete"]},
     },
+    "additionalProperties": False,
 }
 
 
@@ -120,68 +141,195 @@ class StrictChoiceField(serializers.ChoiceField):
 
 
 class TextPartSerializer(StrictSerializer):
-    type = StrictChoiceField(choices=TEXT_PART_TYPES)
+    """``input_text`` / ``output_text`` (an echoed output part: ``annotations`` and ``logprobs`` are ignored)."""
+
+    type = StrictChoiceField(choices=("input_text", "output_text"))
     text = StrictCharField(allow_blank=True, trim_whitespace=False)
+    annotations = serializers.ListField(required=False)
+    logprobs = serializers.ListField(required=False, allow_null=True)
+
+
+class RefusalPartSerializer(StrictSerializer):
+    type = StrictChoiceField(choices=("refusal",))
+    refusal = StrictCharField(allow_blank=True, trim_whitespace=False)
+
+
+def _parsed_list(data: Any, what: str, parse) -> list[Any]:
+    """Each element of a non-empty list through ``parse``, the errors of all of them at their indexes."""
+    if not isinstance(data, list) or not data:
+        raise serializers.ValidationError(f"must be {what}")
+    values, errors, failed = [], [], False
+    for index, element in enumerate(data):
+        try:
+            values.append(parse(index, element))
+            errors.append({})
+        except serializers.ValidationError as error:
+            failed = True
+            errors.append(error.detail)
+    if failed:
+        raise serializers.ValidationError(errors)
+    return values
+
+
+def _validated_by(serializer_class, data: Any) -> dict[str, Any]:
+    serializer = serializer_class(data=data)
+    if not serializer.is_valid():
+        raise serializers.ValidationError(serializer.errors)
+    return dict(serializer.validated_data)
+
+
+def _text_part(index: int, data: Any, path: str) -> dict[str, str]:
+    """A content part as ``{"type", "text"}``: a refusal's text is what the assistant said."""
+    kind = data.get("type") if isinstance(data, Mapping) else None
+    if kind in request_surface.REFUSED_PART_TYPES:
+        raise UnsupportedParameter(
+            f"{path}[{index}].type: {kind} parts are not supported (text only)", param=f"{path}[{index}].type"
+        )
+    if kind == "refusal":
+        part = _validated_by(RefusalPartSerializer, data)
+        return {"type": "output_text", "text": part["refusal"]}
+    part = _validated_by(TextPartSerializer, data)
+    return {"type": part["type"], "text": part["text"]}
 
 
 @extend_schema_field(_CONTENT_SCHEMA)
 class MessageContentField(serializers.Field):
-    """``content``: a string, or a non-empty list of text parts."""
+    """``content``: a string, or a non-empty list of text parts (``path`` names it in a refusal)."""
+
+    def __init__(self, *, path: str = "content", **kwargs: Any) -> None:
+        self.path = path
+        super().__init__(**kwargs)
 
     def to_internal_value(self, data: Any) -> str | list[dict[str, str]]:
         if isinstance(data, str):
             return data
-        if not isinstance(data, list) or not data:
-            raise serializers.ValidationError("must be a string or a non-empty list of text parts")
-        parts, errors, failed = [], [], False
-        for item in data:
-            part = TextPartSerializer(data=item)
-            if part.is_valid():
-                parts.append(dict(part.validated_data))
-                errors.append({})
-            else:
-                failed = True
-                errors.append(part.errors)
-        if failed:
-            raise serializers.ValidationError(errors)
-        return parts
+        return _parsed_list(
+            data, "a string or a non-empty list of text parts", lambda i, part: _text_part(i, part, self.path)
+        )
 
     def to_representation(self, value: Any) -> Any:
         return value
 
 
+ITEM_STATUSES = ("in_progress", "completed", "incomplete")
+
+
 class MessageItemSerializer(StrictSerializer):
+    """A message; ``id`` and ``status`` come with an output item a client echoes back."""
+
     type = StrictChoiceField(choices=("message",), required=False, default="message")
     role = StrictChoiceField(choices=ROLES)
     content = MessageContentField()
+    id = StrictCharField(required=False, allow_blank=True, max_length=200, trim_whitespace=False)
+    status = StrictChoiceField(choices=ITEM_STATUSES, required=False)
+
+
+class FunctionCallItemSerializer(StrictSerializer):
+    """A call the model made, as the client echoes it back (``arguments`` is a JSON text)."""
+
+    type = StrictChoiceField(choices=("function_call",))
+    call_id = StrictCharField(min_length=1, max_length=200, trim_whitespace=False)
+    name = StrictCharField(min_length=1, max_length=200, trim_whitespace=False)
+    arguments = StrictCharField(allow_blank=True, trim_whitespace=False)
+    id = StrictCharField(required=False, allow_blank=True, max_length=200, trim_whitespace=False)
+    status = StrictChoiceField(choices=ITEM_STATUSES, required=False)
+
+
+@extend_schema_field({"oneOf": [{"type": "string"}, {"type": "array", "minItems": 1, "items": _TEXT_PART_SCHEMA}]})
+class ToolOutputField(MessageContentField):
+    """A function's result: a string, or text parts (joined)."""
+
+    def to_internal_value(self, data: Any) -> str:
+        value = super().to_internal_value(data)
+        return value if isinstance(value, str) else "".join(part["text"] for part in value)
+
+
+class FunctionCallOutputItemSerializer(StrictSerializer):
+    type = StrictChoiceField(choices=("function_call_output",))
+    call_id = StrictCharField(min_length=1, max_length=200, trim_whitespace=False)
+    output = ToolOutputField(path="output")
+    id = StrictCharField(required=False, allow_blank=True, max_length=200, trim_whitespace=False, allow_null=True)
+    status = StrictChoiceField(choices=ITEM_STATUSES, required=False, allow_null=True)
+
+
+_ITEM_SERIALIZERS = {
+    "message": MessageItemSerializer,
+    "function_call": FunctionCallItemSerializer,
+    "function_call_output": FunctionCallOutputItemSerializer,
+}
+
+
+def input_item(index: int, data: Any, path: str = "input") -> dict[str, Any]:
+    """One input item in our stored shape: no ``id``/``status``, content parts as ``{"type", "text"}``."""
+    if not isinstance(data, Mapping):
+        raise serializers.ValidationError("must be an object")
+    kind = data.get("type", "message")
+    if not isinstance(kind, str):
+        raise serializers.ValidationError({"type": ["must be a string"]})
+    if kind in request_surface.REFUSED_ITEM_TYPES:
+        raise UnsupportedParameter(
+            f"{path}[{index}].type: {kind} items are not supported here", param=f"{path}[{index}].type"
+        )
+    serializer_class = _ITEM_SERIALIZERS.get(kind)
+    if serializer_class is None:
+        raise serializers.ValidationError(
+            {"type": [f"must be one of {', '.join(request_surface.SUPPORTED_ITEM_TYPES)}"]}
+        )
+    fields = {"content": MessageContentField(path=f"{path}[{index}].content")} if kind == "message" else {}
+    serializer = serializer_class(data=data)
+    serializer.fields.update(fields)
+    if not serializer.is_valid():
+        raise serializers.ValidationError(serializer.errors)
+    item = dict(serializer.validated_data)
+    item.pop("id", None)
+    item.pop("status", None)
+    return item
+
+
+_INPUT_ITEM_SCHEMA = {
+    "oneOf": [
+        _MESSAGE_ITEM_SCHEMA,
+        {
+            "type": "object",
+            "required": ["type", "call_id", "name", "arguments"],
+            "properties": {
+                "type": {"type": "string", "enum": ["function_call"]},
+                "call_id": {"type": "string", "minLength": 1, "maxLength": 200},
+                "name": {"type": "string", "minLength": 1, "maxLength": 200},
+                "arguments": {"type": "string"},
+                "id": {"type": "string", "maxLength": 200},
+                "status": {"type": "string", "enum": list(ITEM_STATUSES)},
+            },
+            "additionalProperties": False,
+        },
+        {
+            "type": "object",
+            "required": ["type", "call_id", "output"],
+            "properties": {
+                "type": {"type": "string", "enum": ["function_call_output"]},
+                "call_id": {"type": "string", "minLength": 1, "maxLength": 200},
+                "output": {"oneOf": [{"type": "string"}, {"type": "array", "minItems": 1, "items": _TEXT_PART_SCHEMA}]},
+            },
+            "additionalProperties": False,
+        },
+    ]
+}
 
 
 @extend_schema_field(
     {
-        "oneOf": [{"type": "string"}, {"type": "array", "minItems": 1, "items": _MESSAGE_ITEM_SCHEMA}],
-        "description": "A string, or a non-empty list of message items.",
+        "oneOf": [{"type": "string"}, {"type": "array", "minItems": 1, "items": _INPUT_ITEM_SCHEMA}],
+        "description": "A string, or a non-empty list of input items: messages (with or without `type`; "
+        "output items echoed back with their `id` and `status`), `function_call` and `function_call_output`.",
     }
 )
 class ResponseInputField(serializers.Field):
-    """``input``: a string, or a non-empty list of message items."""
+    """``input``: a string, or a non-empty list of input items."""
 
     def to_internal_value(self, data: Any) -> str | list[dict[str, Any]]:
         if isinstance(data, str):
             return data
-        if not isinstance(data, list) or not data:
-            raise serializers.ValidationError("must be a string or a non-empty list of message items")
-        items, errors, failed = [], [], False
-        for item in data:
-            message = MessageItemSerializer(data=item)
-            if message.is_valid():
-                items.append(dict(message.validated_data))
-                errors.append({})
-            else:
-                failed = True
-                errors.append(message.errors)
-        if failed:
-            raise serializers.ValidationError(errors)
-        return items
+        return _parsed_list(data, "a string or a non-empty list of input items", input_item)
 
     def to_representation(self, value: Any) -> Any:
         return value
@@ -255,6 +403,162 @@ class TopPField(StrictFloatField):
         return value
 
 
+MAX_TOOLS = 128
+
+
+def documented_as(field_class: type[serializers.Field], schema: dict[str, Any]) -> type[serializers.Field]:
+    """``field_class`` documented as ``schema``: the values the service accepts, where the field lets
+    more through so that ``request_surface`` can refuse them by name (``unsupported_parameter``)."""
+    return extend_schema_field(schema)(type(f"Documented{field_class.__name__}", (field_class,), {}))
+
+
+@extend_schema_field({"type": "object"})
+class LooseObjectField(serializers.Field):
+    """A JSON object taken as it is (a hint whose content nothing here reads)."""
+
+    def to_internal_value(self, data: Any) -> dict[str, Any]:
+        if not isinstance(data, dict):
+            raise serializers.ValidationError("must be an object")
+        return data
+
+    def to_representation(self, value: Any) -> Any:
+        return value
+
+
+@extend_schema_field({"enum": [None], "description": "Only null: any other value is `unsupported_parameter`."})
+class NullOnlyField(serializers.Field):
+    """An OpenAI field for a feature this service lacks: null is its absence, any value is refused by name."""
+
+    def validate_empty_values(self, data: Any) -> tuple[bool, Any]:
+        if data is None:
+            return True, None
+        return super().validate_empty_values(data)
+
+    def to_internal_value(self, data: Any) -> None:
+        raise UnsupportedParameter(f"{self.field_name}: {self.help_text or 'not supported'}", param=self.field_name)
+
+    def to_representation(self, value: Any) -> Any:
+        return value
+
+
+class FunctionToolSerializer(StrictSerializer):
+    """A function tool in the Responses shape."""
+
+    type = StrictChoiceField(choices=(request_surface.FUNCTION_TOOL,))
+    name = StrictCharField(min_length=1, max_length=64, trim_whitespace=False)
+    description = StrictCharField(required=False, allow_null=True, allow_blank=True, trim_whitespace=False)
+    parameters = LooseObjectField(required=False, allow_null=True)
+    strict = StrictBooleanField(required=False, allow_null=True)
+
+    def to_internal_value(self, data: Any) -> Any:
+        request_surface.tool_type_check(data)
+        return super().to_internal_value(data)
+
+
+@extend_schema_field(
+    {
+        "oneOf": [
+            {"type": "string", "enum": list(request_surface.TOOL_CHOICE_MODES)},
+            {
+                "type": "object",
+                "required": ["type", "name"],
+                "properties": {
+                    "type": {"type": "string", "enum": ["function"]},
+                    "name": {"type": "string", "minLength": 1, "maxLength": 64},
+                },
+                "additionalProperties": False,
+            },
+            {
+                "type": "object",
+                "required": ["type", "mode", "tools"],
+                "properties": {
+                    "type": {"type": "string", "enum": ["allowed_tools"]},
+                    "mode": {"type": "string", "enum": ["auto", "required"]},
+                    "tools": {"type": "array", "items": {"type": "object"}},
+                },
+                "additionalProperties": False,
+            },
+        ]
+    }
+)
+class ToolChoiceField(serializers.Field):
+    """``none``, ``auto``, ``required``, a named function, or ``allowed_tools``."""
+
+    def to_internal_value(self, data: Any) -> Any:
+        if isinstance(data, str):
+            if data not in request_surface.TOOL_CHOICE_MODES:
+                raise serializers.ValidationError(f"must be one of {', '.join(request_surface.TOOL_CHOICE_MODES)}")
+            return data
+        if not isinstance(data, dict):
+            raise serializers.ValidationError("must be a string or an object")
+        kind = data.get("type")
+        name = data.get("name")
+        if kind == "function" and set(data) == {"type", "name"} and isinstance(name, str) and 1 <= len(name) <= 64:
+            return data
+        if (
+            kind == "allowed_tools"
+            and set(data) == {"type", "mode", "tools"}
+            and data["mode"] in ("auto", "required")
+            and isinstance(data["tools"], list)
+        ):
+            return data
+        if kind in request_surface.REFUSED_TOOL_TYPES:
+            raise UnsupportedParameter(f"tool_choice: {kind} is a hosted tool", param="tool_choice")
+        raise serializers.ValidationError(
+            "must be {'type': 'function', 'name': ...} or {'type': 'allowed_tools', 'mode': ..., 'tools': [...]}"
+        )
+
+    def to_representation(self, value: Any) -> Any:
+        return value
+
+
+# OpenAI's rule for a format's name.
+FORMAT_NAME = RegexValidator(r"^[a-zA-Z0-9_-]{1,64}\Z", "letters, digits, _ and -, at most 64")
+
+
+class TextFormatSerializer(StrictSerializer):
+    type = documented_as(StrictChoiceField, {"type": "string", "enum": ["text"]})(
+        choices=request_surface.TEXT_FORMAT_TYPES,
+        help_text="Only `text` until structured output lands: the others are `unsupported_parameter`.",
+    )
+    name = StrictCharField(required=False, max_length=64, validators=[FORMAT_NAME])
+    schema = LooseObjectField(required=False)
+    strict = StrictBooleanField(required=False, allow_null=True)
+    description = StrictCharField(required=False, allow_blank=True, trim_whitespace=False)
+
+
+class TextConfigSerializer(StrictSerializer):
+    """``text``: the output's format (only plain text until structured output lands) and verbosity."""
+
+    format = TextFormatSerializer(required=False)
+    verbosity = documented_as(StrictChoiceField, {"type": "string", "enum": ["medium"]})(
+        choices=request_surface.VERBOSITIES, required=False, allow_null=True
+    )
+
+
+class ReasoningSerializer(StrictSerializer):
+    effort = StrictChoiceField(choices=request_surface.REASONING_EFFORTS, required=False, allow_null=True)
+    summary = StrictChoiceField(choices=request_surface.REASONING_SUMMARIES, required=False, allow_null=True)
+    generate_summary = StrictChoiceField(choices=request_surface.REASONING_SUMMARIES, required=False, allow_null=True)
+
+
+class StreamOptionsSerializer(StrictSerializer):
+    include_obfuscation = StrictBooleanField(required=False)
+
+
+class BackgroundOptionsSerializer(StrictSerializer):
+    completion_window = documented_as(StrictChoiceField, {"type": "string", "enum": ["soonest"]})(
+        choices=request_surface.COMPLETION_WINDOWS, required=False
+    )
+    continuation_id = StrictCharField(required=False, allow_blank=True, max_length=512)
+
+
+class ImageOptionsSerializer(StrictSerializer):
+    context_compression = documented_as(StrictChoiceField, {"type": "string", "enum": ["auto", "disabled"]})(
+        choices=request_surface.IMAGE_COMPRESSIONS, required=False
+    )
+
+
 class ResponseRequestSerializer(StrictSerializer):
     """The response request of PROFILE.md section 3."""
 
@@ -295,6 +599,102 @@ class ResponseRequestSerializer(StrictSerializer):
     stream = StrictBooleanField(required=False, default=False)
     store = StrictBooleanField(required=False, default=True)
     metadata = MetadataField(required=False, allow_null=True)
+    # PROFILE.md 10.1: the rest of OpenAI's request. What each value makes the service do (or refuse)
+    # is decided in tasks_app/request_surface.py; here only the shapes.
+    previous_response_id = StrictCharField(
+        required=False,
+        allow_null=True,
+        min_length=1,
+        max_length=200,
+        help_text="Continue the conversation of a stored response of this client (PROFILE.md 10.2): its "
+        "context, input and output come before this input; its instructions do not.",
+    )
+    tools = serializers.ListField(
+        child=FunctionToolSerializer(),
+        required=False,
+        allow_null=True,
+        max_length=MAX_TOOLS,
+        help_text="Function tools. Until the model can call them, only with `tool_choice: none` "
+        "(else `unsupported_parameter`); hosted tools are refused.",
+    )
+    tool_choice = ToolChoiceField(required=False, allow_null=True)
+    parallel_tool_calls = StrictBooleanField(required=False, allow_null=True)
+    max_tool_calls = StrictIntegerField(
+        required=False, allow_null=True, min_value=1, help_text="Bounds built-in tool calls; none run here."
+    )
+    text = TextConfigSerializer(required=False, allow_null=True)
+    truncation = StrictChoiceField(
+        choices=request_surface.TRUNCATIONS,
+        required=False,
+        allow_null=True,
+        help_text="`disabled` (default): a prompt that leaves no room for output fails with "
+        "`context_length_exceeded`; `auto`: whole items are dropped from the start of the conversation "
+        "(never `instructions` or this request's own input) until it fits.",
+    )
+    include = documented_as(serializers.ListField, {"type": "array", "maxItems": 0, "items": {"type": "string"}})(
+        child=StrictCharField(max_length=200),
+        required=False,
+        allow_null=True,
+        help_text="Only `[]`: every value OpenAI documents asks for output this service does not produce.",
+    )
+    top_logprobs = documented_as(StrictIntegerField, {"type": "integer", "minimum": 0, "maximum": 0})(
+        required=False,
+        allow_null=True,
+        min_value=0,
+        max_value=request_surface.MAX_TOP_LOGPROBS,
+        help_text="Only 0: log probabilities are not returned.",
+    )
+    user = StrictCharField(required=False, allow_null=True, allow_blank=True, max_length=512, trim_whitespace=False)
+    safety_identifier = StrictCharField(
+        required=False, allow_null=True, allow_blank=True, max_length=512, trim_whitespace=False
+    )
+    prompt_cache_key = StrictCharField(
+        required=False, allow_null=True, allow_blank=True, max_length=512, trim_whitespace=False
+    )
+    prompt_cache_retention = StrictChoiceField(
+        choices=request_surface.PROMPT_CACHE_RETENTIONS, required=False, allow_null=True
+    )
+    prompt_cache_options = LooseObjectField(required=False, allow_null=True, help_text="A hint: accepted.")
+    service_tier = documented_as(
+        StrictChoiceField, {"type": "string", "enum": list(request_surface.ACCEPTED_SERVICE_TIERS)}
+    )(
+        choices=request_surface.SERVICE_TIERS,
+        required=False,
+        allow_null=True,
+        help_text="One queue serves every request: `auto` and `default` only.",
+    )
+    reasoning = ReasoningSerializer(
+        required=False, allow_null=True, help_text="Accepted and echoed: the models served here do not reason."
+    )
+    stream_options = StreamOptionsSerializer(required=False, allow_null=True)
+    background_options = BackgroundOptionsSerializer(required=False, allow_null=True)
+    image = ImageOptionsSerializer(required=False, allow_null=True)
+    # OpenAI's fields for what this service does not have: only their absence (null) is accepted.
+    prompt = NullOnlyField(required=False, help_text="Refused: no stored prompt templates.")
+    conversation = NullOnlyField(required=False, help_text="Refused: use `previous_response_id`.")
+    moderation = NullOnlyField(required=False, help_text="Refused: no moderation model.")
+    access_programs = NullOnlyField(required=False, help_text="Refused.")
+    context_management = documented_as(serializers.ListField, {"type": "array", "maxItems": 0})(
+        child=LooseObjectField(),
+        required=False,
+        allow_null=True,
+        help_text="Only `[]`: server-side compaction is not built (`truncation: auto` drops old items).",
+    )
+    # Extensions: OpenAI's Chat Completions penalties, on the sampler beside repetition_penalty.
+    frequency_penalty = StrictFloatField(
+        required=False,
+        allow_null=True,
+        min_value=-2.0,
+        max_value=2.0,
+        help_text="Extension: subtract this times the number of times a token was generated so far.",
+    )
+    presence_penalty = StrictFloatField(
+        required=False,
+        allow_null=True,
+        min_value=-2.0,
+        max_value=2.0,
+        help_text="Extension: subtract this from every token generated at least once so far.",
+    )
 
 
 class ResponseCreateInputSerializer(ResponseRequestSerializer):

@@ -27,8 +27,11 @@ from typing import Any
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 
+from tasks_app.chat_completions import ChatChunks, chat_chunk_stream
+from tasks_app.dbpool import run_db
 from tasks_app.event_feeds import follow
 from tasks_app.exceptions import TooManyStreams
+from tasks_app.services.chat_completions import chat_completion_abandon
 
 logger = logging.getLogger(__name__)
 
@@ -129,19 +132,32 @@ def stream_slot_take(request: HttpRequest, holder: str) -> StreamSlot:
     return slot
 
 
-def event_stream(request: HttpRequest, task_id: str, after: int, slot: StreamSlot) -> HttpResponse:
-    """The response of a view that streams ``task_id``'s events after ``after``; ``slot`` goes with the stream."""
+def event_stream(
+    request: HttpRequest, task_id: str, after: int, slot: StreamSlot, *, chat: ChatChunks | None = None
+) -> HttpResponse:
+    """The response of a view that streams ``task_id``'s events after ``after``; ``slot`` goes with the stream.
+
+    With ``chat``, the events go out as a chat completion's chunks, and a
+    client that leaves before the end cancels the generation (nobody can
+    come back for it: a chat stream has no cursor).
+    """
     if _middleware_scope(request) is not None:
         response = HttpResponse(status=200)
-        response[FOLLOW_HEADER] = f"{task_id} {after}"
+        response[FOLLOW_HEADER] = f"{task_id} {after}" + ("" if chat is None else f" chat {int(chat.include_usage)}")
     else:
         # Without the middleware (Django's test client): Django streams it.
-        response = StreamingHttpResponse(_releasing(follow(task_id, after, preamble=STREAM_OPENED), slot))
+        body = _body(task_id, after, chat)
+        response = StreamingHttpResponse(_releasing(body, slot))
     response["Content-Type"] = "text/event-stream; charset=utf-8"
     response["Cache-Control"] = "no-cache"
     # Tells nginx-style proxies not to buffer the stream.
     response["X-Accel-Buffering"] = "no"
     return response
+
+
+def _body(task_id: str, after: int, chat: ChatChunks | None) -> AsyncGenerator[bytes, None]:
+    events = follow(task_id, after, preamble=STREAM_OPENED)
+    return events if chat is None else chat_chunk_stream(events, chat)
 
 
 async def _releasing(body: AsyncGenerator[bytes, None], slot: StreamSlot) -> AsyncGenerator[bytes, None]:
@@ -173,7 +189,7 @@ class EventStreamMiddleware:
                 slot.release()
 
     async def _serve_http(self, scope: Scope, receive: Receive, send: Send) -> None:
-        target: tuple[str, int] | None = None
+        target: tuple[str, int, ChatChunks | None] | None = None
 
         async def send_headers_only(message: Message) -> None:
             nonlocal target
@@ -182,8 +198,9 @@ class EventStreamMiddleware:
                 for name, value in message.get("headers", []):
                     lowered = bytes(name).lower()
                     if lowered == FOLLOW_HEADER.encode():
-                        task_id, after = bytes(value).decode().split(" ")
-                        target = (task_id, int(after))
+                        task_id, after, *chat = bytes(value).decode().split(" ")
+                        chunks = ChatChunks(include_usage=chat[1] == "1") if chat else None
+                        target = (task_id, int(after), chunks)
                     elif lowered != b"content-length":
                         kept.append((name, value))
                 if target is not None:
@@ -194,11 +211,11 @@ class EventStreamMiddleware:
 
         await self.app(scope, receive, send_headers_only)
         if target is not None:
-            await _serve(target[0], target[1], receive, send)
+            await _serve(*target, receive, send)
 
 
-async def _serve(task_id: str, after: int, receive: Receive, send: Send) -> None:
-    body = follow(task_id, after, preamble=STREAM_OPENED)
+async def _serve(task_id: str, after: int, chat: ChatChunks | None, receive: Receive, send: Send) -> None:
+    body = _body(task_id, after, chat)
 
     async def pump() -> None:
         async for chunk in body:
@@ -219,6 +236,12 @@ async def _serve(task_id: str, after: int, receive: Receive, send: Send) -> None
             task.cancel()
         await asyncio.gather(pumping, listening, return_exceptions=True)
         await body.aclose()
+    if chat is not None and not chat.finished:
+        # The client went away before the end: nobody can come back for a chat stream.
+        try:
+            await run_db(chat_completion_abandon, task_id=task_id)
+        except Exception:
+            logger.exception("could not cancel the chat completion of task %s after its client left", task_id)
     if not pumping.cancelled() and pumping.exception() is not None:
         logger.error("event stream of %s failed", task_id, exc_info=pumping.exception())
         try:

@@ -188,7 +188,7 @@ def _bearer_holder(request: HttpRequest) -> str:
     return _client_holder(found[0])
 
 
-def _asks_to_stream(request: HttpRequest) -> bool:
+def asks_to_stream(request: HttpRequest) -> bool:
     """Whether a ``POST /responses`` body asks to stream, read with the view's own parser.
 
     Read before the view runs, so that a stream over the limit is refused
@@ -202,7 +202,15 @@ def _asks_to_stream(request: HttpRequest) -> bool:
     return body.get("stream") is True
 
 
-def _create_stream_holder(request: HttpRequest) -> str | None:
+async def create_stream_slot(request: HttpRequest) -> StreamSlot | None:
+    """The stream slot a streaming create (``POST /responses``, ``POST /chat/completions``) takes before its task
+    exists; None when it does not stream or has no valid token (the view answers that). Over the limit:
+    ``TooManyStreams``, before anything is written."""
+    holder = await run_db(create_stream_holder, request) if asks_to_stream(request) else None
+    return stream_slot_take(request, holder) if holder is not None else None
+
+
+def create_stream_holder(request: HttpRequest) -> str | None:
     """Whose limit a streaming ``POST /responses`` counts against; None without a valid token (the view answers 401)."""
     try:
         return _bearer_holder(request)
@@ -217,9 +225,8 @@ async def responses_create(request: HttpRequest) -> HttpResponse:
     Waiting holds no thread: wake-ups of the task's end (or, failing those,
     a periodic read) end the wait.
     """
-    holder = await run_db(_create_stream_holder, request) if _asks_to_stream(request) else None
     try:
-        slot = stream_slot_take(request, holder) if holder is not None else None
+        slot = await create_stream_slot(request)
     except LmspError as error:
         return problem_json_response(error, request)
     response = await sync_to_async(_accepted)(request)

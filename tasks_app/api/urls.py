@@ -2,7 +2,7 @@ from django.urls import include, path
 from drf_spectacular.renderers import OpenApiJsonRenderer2
 from drf_spectacular.views import SpectacularJSONAPIView, SpectacularSwaggerView
 
-from tasks_app.api import stream_views, views
+from tasks_app.api import chat_completions_views, stream_views, views
 
 urlpatterns = [
     path("tasks", views.TaskCollectionView.as_view(), name="tasks"),
@@ -13,6 +13,7 @@ urlpatterns = [
     path("responses", stream_views.responses_create, name="responses"),
     path("responses/<str:response_id>", stream_views.response_detail, name="response-detail"),
     path("responses/<str:response_id>/cancel", stream_views.response_cancel, name="response-cancel"),
+    path("chat/completions", chat_completions_views.chat_completions_create, name="chat-completions"),
     path("capabilities", views.CapabilitiesView.as_view(), name="capabilities"),
     path("models", views.ModelListView.as_view(), name="models"),
     path("models/<str:model_id>", views.ModelDetailView.as_view(), name="model-detail"),

@@ -49,7 +49,7 @@ from tasks_app.services.clients import pairing_code_redeem
 from tasks_app.services.idempotency import idempotency_key_validate, request_digest
 from tasks_app.services.responses import response_cancel, response_delete, response_start
 from tasks_app.services.stream_tokens import stream_token_mint
-from tasks_app.services.tasks import task_cancel, task_create
+from tasks_app.services.tasks import in_envelope, task_cancel, task_create
 from tasks_app.states import TaskStatus
 
 READ = ("read",)
@@ -104,6 +104,9 @@ class TaskCollectionView(ScopedAPIView):
         problems=[
             exc.InvalidRequest,
             exc.UnsupportedCapability,
+            exc.UnsupportedParameter,
+            exc.ResponseNotFound,
+            exc.ResponseNotFinished,
             exc.ModelNotFound,
             exc.IdempotencyKeyInUse,
             exc.IdempotencyKeyReused,
@@ -113,7 +116,9 @@ class TaskCollectionView(ScopedAPIView):
     )
     def post(self, request: Request) -> Response:
         key = idempotency_key_validate(request.headers.get("Idempotency-Key"))
-        data = _validated(TaskCreateInputSerializer, request.data)
+        with in_envelope("input", only=exc.UnsupportedParameter):
+            # What the request inside refuses by name is named by its path in this body.
+            data = _validated(TaskCreateInputSerializer, request.data)
         reply = task_create(
             client=request.user,
             request=data["input"],

@@ -21,6 +21,8 @@ EXTENSIONS = (
     "webhooks",
     "models_retrieve",
     "sdk_errors",
+    "chat_completions",
+    "previous_response_id",
 )
 
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -12,13 +13,18 @@ from django.db import transaction
 from tasks_app import lifecycle, states
 from tasks_app.exceptions import (
     InvalidRequest,
+    LmspError,
+    ModelNotFound,
     QueueFull,
     TaskNotCancelable,
     UnsupportedCapability,
+    UnsupportedParameter,
 )
 from tasks_app.models import Client, Task
 from tasks_app.querying import status_in
+from tasks_app.request_surface import response_request_check
 from tasks_app.selectors import model_get_by_name
+from tasks_app.services.conversations import conversation_context_of
 from tasks_app.services.dispatch import task_dispatch_on_commit
 from tasks_app.services.idempotency import IdempotencyClaim, idempotency_claim_if_keyed, idempotency_complete
 from tasks_app.states import RestartPolicy, TaskStatus
@@ -54,12 +60,18 @@ class Accepted:
 
 
 def task_accept(
-    *, client: Client, request: Mapping[str, Any], on_restart: RestartPolicy, notify_webhooks: bool = False
+    *,
+    client: Client,
+    request: Mapping[str, Any],
+    on_restart: RestartPolicy,
+    notify_webhooks: bool = False,
+    context: list[dict[str, Any]] | None = None,
 ) -> Accepted:
     """Insert a queued task for ``request`` and dispatch it once the caller's transaction commits.
 
     Shared by ``POST /tasks`` and ``POST /responses``; must run in a transaction.
-    ``notify_webhooks``: its end goes to the client's webhook endpoints (docs/webhooks.md).
+    ``notify_webhooks``: its end goes to the client's webhook endpoints (docs/webhooks.md);
+    ``context``: the conversation a ``previous_response_id`` continues (``conversation_context_of``).
     The count that checks the queue's limit is also the new task's place in
     the line: inside the write transaction, every queued task is ahead of it.
     """
@@ -75,6 +87,8 @@ def task_accept(
         retry_after = str(settings.LMSP_QUEUE_FULL_RETRY_AFTER_SECONDS)
         raise QueueFull("Too many tasks are waiting; try again later", headers={"Retry-After": retry_after})
     stored_request = {**request, "model": model.name}
+    if context is not None:
+        stored_request["context"] = context
     task = lifecycle.task_insert(
         client=client,
         request=stored_request,
@@ -85,6 +99,19 @@ def task_accept(
     )
     task_dispatch_on_commit(task_id=task.id)
     return Accepted(task, ahead + 1)
+
+
+@contextmanager
+def in_envelope(field: str, *, only: type[LmspError] = LmspError) -> Iterator[None]:
+    """Errors about a request's fields (of class ``only``), named by their path in a body that holds the
+    request in ``field``."""
+    try:
+        yield
+    except only as error:
+        error.errors = [{**e, "field": f"{field}.{e['field']}"} for e in error.errors or ()] or None
+        if isinstance(error, UnsupportedParameter):
+            error.param = f"{field}.{error.param}"
+        raise
 
 
 def task_create(
@@ -106,14 +133,20 @@ def task_create(
             "on_restart 'retry' requires an Idempotency-Key header",
             errors=[{"field": "Idempotency-Key", "message": "required when on_restart is 'retry'"}],
         )
-    with transaction.atomic(durable=True):
+    with in_envelope("input"):
+        response_request_check(request)
+        context = conversation_context_of(client=client, request=request)
+    # The model is looked up inside the transaction (task_accept); its path in this body is input.model.
+    with in_envelope("input", only=ModelNotFound), transaction.atomic(durable=True):
         claim = idempotency_claim_if_keyed(
             client=client, endpoint=TASKS_ENDPOINT, key=idempotency_key, request_hash=request_hash
         )
         if claim is not None and claim.is_replay:
             return Reply.replay_of(claim)
         # A task's client learns of its end by polling, streaming or its webhooks.
-        accepted = task_accept(client=client, request=request, on_restart=on_restart, notify_webhooks=True)
+        accepted = task_accept(
+            client=client, request=request, on_restart=on_restart, notify_webhooks=True, context=context
+        )
         task = accepted.task
         reply = Reply(202, task_object(task, accepted.queue_position), {"Location": task_location(task.id)})
         if claim is not None:

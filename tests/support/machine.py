@@ -318,6 +318,15 @@ def check_task(task: Expected, view: TaskView, *, now: datetime, timeout_seconds
     check_response(task, view, payloads)
 
 
+def stored_problem(shown: dict[str, Any] | None, where: str) -> dict[str, Any] | None:
+    """A problem as a task or response shows it, as stored: the wire adds OpenAI's ``message`` (``code: detail``)."""
+    if shown is None:
+        return None
+    stored = dict(shown)
+    assert stored.pop("message") == f"{stored['code']}: {stored['detail']}", f"{where}: error shown as {shown}"
+    return stored
+
+
 def check_response(task: Expected, view: TaskView, payloads: list[dict[str, Any]]) -> None:
     """The response row agrees with the task row, the model and (finished) the terminal event."""
     response, row, where = view.response, view.row, f"{task.name} ({task.id})"
@@ -338,7 +347,7 @@ def check_response(task: Expected, view: TaskView, payloads: list[dict[str, Any]
         f"the attempt's committed text was {task.output_text!r}"
     )
     shown = payloads[-1]["response"]
-    assert (shown["status"], shown["output"], shown["error"]) == (
+    assert (shown["status"], shown["output"], stored_problem(shown["error"], where)) == (
         response["status"],
         response["output"],
         response["error"],

@@ -13,6 +13,7 @@ knows nothing about tasks, events or the database.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +41,8 @@ class SamplingParams:
     top_k: int | None = None
     min_p: float | None = None
     repetition_penalty: float | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
     seed: int | None = None
     max_output_tokens: int | None = None
     stop: tuple[str, ...] = ()
@@ -59,6 +62,8 @@ class SamplingParams:
             top_k=request.get("top_k"),
             min_p=request.get("min_p"),
             repetition_penalty=request.get("repetition_penalty"),
+            frequency_penalty=request.get("frequency_penalty"),
+            presence_penalty=request.get("presence_penalty"),
             seed=request.get("seed"),
             max_output_tokens=request.get("max_output_tokens"),
             stop=tuple(s for s in stops if s),
@@ -264,24 +269,67 @@ class Backend(Protocol):
         ...
 
 
-def request_messages(request: Mapping[str, Any]) -> list[dict[str, str]]:
-    """The request's instructions and input as chat messages of plain text.
+def request_messages(request: Mapping[str, Any], *, dropped: int = 0) -> list[dict[str, Any]]:
+    """The request as chat messages, as Hugging Face chat templates take them.
 
-    ``developer`` becomes ``system`` (chat templates know only the latter);
-    a content list is joined from its ``input_text``/``output_text`` parts.
+    The conversation a ``previous_response_id`` carried (``context``) comes
+    first, then ``input``. ``developer`` becomes ``system`` (templates know
+    only the latter); a content list is joined from its text parts;
+    ``function_call`` items become an assistant message's ``tool_calls``
+    (``arguments`` as a dict) and ``function_call_output`` items ``tool``
+    messages. ``dropped``: leave out that many items from the start of the
+    conversation (``truncation: auto``); never ``instructions``.
     """
-    messages: list[dict[str, str]] = []
+    messages: list[dict[str, Any]] = []
     instructions = request.get("instructions")
     if instructions:
         messages.append({"role": "system", "content": instructions})
-    given = request.get("input")
-    if isinstance(given, str):
-        messages.append({"role": "user", "content": given})
-        return messages
-    for item in given or []:
-        content = item.get("content")
-        if isinstance(content, list):
-            content = "".join(part.get("text", "") for part in content)
-        role = item.get("role", "user")
-        messages.append({"role": "system" if role == "developer" else role, "content": content or ""})
+    names: dict[str, str] = {}
+    for item in conversation_items(request)[dropped:]:
+        kind = item.get("type", "message")
+        if kind == "function_call":
+            names[item["call_id"]] = item["name"]
+            _append_tool_call(messages, item)
+        elif kind == "function_call_output":
+            call_id = item["call_id"]
+            messages.append(
+                {"role": "tool", "tool_call_id": call_id, "name": names.get(call_id, ""), "content": item["output"]}
+            )
+        else:
+            content = item.get("content")
+            if isinstance(content, list):
+                content = "".join(part.get("text", "") for part in content)
+            role = item.get("role", "user")
+            messages.append({"role": "system" if role == "developer" else role, "content": content or ""})
     return messages
+
+
+def conversation_items(request: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """The stored conversation (``context``) and then the request's own input, as items."""
+    given = request.get("input")
+    items = given if isinstance(given, list) else [{"type": "message", "role": "user", "content": given or ""}]
+    return [*request.get("context", ()), *items]
+
+
+def droppable_items(request: Mapping[str, Any]) -> int:
+    """How many items ``truncation: auto`` may drop: all but the newest one (what this turn asks).
+
+    A client that echoes its history sends the whole conversation as ``input``,
+    so "the request's own input" is its last item, not all of it.
+    """
+    return max(len(conversation_items(request)) - 1, 0)
+
+
+def _append_tool_call(messages: list[dict[str, Any]], item: Mapping[str, Any]) -> None:
+    """Calls that follow an assistant message (or each other) belong to it, as the model emitted them."""
+    try:
+        arguments = json.loads(item["arguments"]) if item["arguments"] else {}
+    except ValueError:
+        # Not JSON (a model's broken call, echoed back): the template gets the text as it was.
+        arguments = item["arguments"]
+    call = {"id": item["call_id"], "type": "function", "function": {"name": item["name"], "arguments": arguments}}
+    last = messages[-1] if messages else None
+    if last is not None and last["role"] == "assistant":
+        last.setdefault("tool_calls", []).append(call)
+    else:
+        messages.append({"role": "assistant", "content": "", "tool_calls": [call]})

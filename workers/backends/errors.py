@@ -22,3 +22,7 @@ class PromptRejected(RuntimeFailure):
 
 class GenerationError(RuntimeFailure):
     """Raised when prefill or decoding fails: a prompt over the context, a session error, a closed model."""
+
+
+class ContextTooLong(GenerationError):
+    """Raised when a prompt leaves the model no room for output (and the request may not be truncated)."""

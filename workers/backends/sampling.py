@@ -1,10 +1,18 @@
 """Token sampling as transformers applies it, with a private, snapshot-able random generator.
 
 A logits row goes through what ``transformers`` 4.57's ``generate`` builds in
-``_get_logits_processor``, in its order: the repetition penalty (always,
-greedy decoding included), then, only when sampling, temperature, top_k,
-top_p and min_p; greedy takes the argmax after the penalty. So greedy output
-equals ``model.generate(do_sample=False)`` with the same generation config.
+``_get_logits_processor``, in its order, with OpenAI's frequency and presence
+penalties (which transformers lacks) where vLLM applies them: the repetition
+penalty, then the frequency and presence penalties (all three always, greedy
+decoding included), then, only when sampling, temperature, top_k, top_p and
+min_p; greedy takes the argmax after the penalties. So greedy output equals
+``model.generate(do_sample=False)`` with the same generation config (and
+those two penalties off).
+
+The frequency and presence penalties count generated ids only, never the
+prompt: an id generated ``c > 0`` times so far loses
+``c * frequency_penalty + presence_penalty``, in float32 and frequency first,
+as vLLM subtracts them. Both are off at 0, which costs nothing.
 
 Every generation owns one ``numpy.random.Generator`` (PCG64) seeded from the
 request's seed, or from a random seed that is recorded so the run can be
@@ -12,8 +20,9 @@ repeated. Sampling draws exactly one number per sampled token and greedy
 decoding draws none, so saving the generator state after any step and
 restoring it later continues the very same random stream: that is what makes
 a resumed generation token-for-token equal to an uninterrupted one. The
-penalty's memory (which ids were seen) needs no snapshot: it is the prompt
-plus the generated ids, which a resumed generation passes back in.
+penalties' memory (which ids were seen, how often each was generated) needs
+no snapshot: it is the prompt plus the generated ids, which a resumed
+generation passes back in.
 """
 
 from __future__ import annotations
@@ -35,6 +44,9 @@ DEFAULT_TOP_P = 1.0
 # token vanish); transformers takes any positive number, no model ships one near these.
 MIN_REPETITION_PENALTY = 0.01
 MAX_REPETITION_PENALTY = 100.0
+# OpenAI's range for the frequency and presence penalties.
+MIN_OPENAI_PENALTY = -2.0
+MAX_OPENAI_PENALTY = 2.0
 
 
 @dataclass(frozen=True)
@@ -50,6 +62,10 @@ class SamplingSettings:
     """0 keeps every token; else those at least ``min_p`` times as likely as the most likely one."""
     repetition_penalty: float = 1.0
     """1.0 is off; every id already in the context (the prompt too) gets ``score < 0 ? score * p : score / p``."""
+    frequency_penalty: float = 0.0
+    """0 is off; every generated id's score loses ``count * frequency_penalty`` (the prompt's ids are not counted)."""
+    presence_penalty: float = 0.0
+    """0 is off; every id generated at least once loses ``presence_penalty``."""
 
     @property
     def greedy(self) -> bool:
@@ -88,7 +104,9 @@ class SamplingDefaults:
         says ``do_sample: false`` means greedy unless the request asked for a
         temperature (its repetition penalty still applies, as in transformers);
         else the neutral value (temperature and top_p 1.0: plain sampling over
-        the whole vocabulary; top_k, min_p and the penalty off).
+        the whole vocabulary; top_k, min_p and the penalties off). The
+        frequency and presence penalties come from the request alone: a
+        generation config has no such keys.
         """
         if params.temperature is not None:
             temperature = _Knob(params.temperature, "the request")
@@ -100,6 +118,8 @@ class SamplingDefaults:
         top_k = self._knob(params.top_k, self.top_k, 0)
         min_p = self._knob(params.min_p, self.min_p, 0.0)
         penalty = self._knob(params.repetition_penalty, self.repetition_penalty, 1.0)
+        frequency = self._knob(params.frequency_penalty, None, 0.0)
+        presence = self._knob(params.presence_penalty, None, 0.0)
         temperature.check(
             "temperature", np.isfinite(temperature.value) and temperature.value >= 0, "a finite number >= 0"
         )
@@ -111,12 +131,17 @@ class SamplingDefaults:
             MIN_REPETITION_PENALTY <= penalty.value <= MAX_REPETITION_PENALTY,
             f"in [{MIN_REPETITION_PENALTY}, {MAX_REPETITION_PENALTY:g}]",
         )
+        openai_range = f"in [{MIN_OPENAI_PENALTY:g}, {MAX_OPENAI_PENALTY:g}]"
+        for name, knob in (("frequency_penalty", frequency), ("presence_penalty", presence)):
+            knob.check(name, MIN_OPENAI_PENALTY <= knob.value <= MAX_OPENAI_PENALTY, openai_range)
         return SamplingSettings(
             temperature=float(temperature.value),
             top_p=float(top_p.value),
             top_k=int(top_k.value),
             min_p=float(min_p.value),
             repetition_penalty=float(penalty.value),
+            frequency_penalty=float(frequency.value),
+            presence_penalty=float(presence.value),
         )
 
     @staticmethod
@@ -151,11 +176,13 @@ def new_seed() -> int:
 
 
 class Sampler:
-    """Picks the next token from a logits row and remembers it for the repetition penalty.
+    """Picks the next token from a logits row and remembers it for the penalties.
 
-    ``context_ids`` are the ids the penalty starts from (the prompt, plus the
-    generated ids when a generation resumes); ``vocab_size`` bounds them.
-    Every token :meth:`sample` returns joins the context.
+    ``context_ids`` are the ids before the generation (the prompt), which
+    only the repetition penalty sees; ``generated_ids`` those a resumed
+    generation made before it stopped, which the repetition penalty sees and
+    the frequency and presence penalties count. ``vocab_size`` bounds both.
+    Every token :meth:`sample` returns joins the generated ids.
     """
 
     def __init__(
@@ -164,24 +191,37 @@ class Sampler:
         *,
         seed: int | None = None,
         context_ids: Sequence[int] = (),
+        generated_ids: Sequence[int] = (),
         vocab_size: int,
     ) -> None:
         self.settings = settings
         self.seed = new_seed() if seed is None else int(seed)
         self.rng = np.random.Generator(np.random.PCG64(self.seed))
+        width = max(int(vocab_size), 0)
         self._penalty = np.float32(settings.repetition_penalty)
         self._penalised = settings.repetition_penalty != 1.0
         # The seen ids as a mask (a new id costs O(1)) and as an index array
         # (a step costs O(distinct ids), never a pass over the history).
-        self._seen = np.zeros(max(int(vocab_size), 0), dtype=bool)
+        self._seen = np.zeros(width, dtype=bool)
         self._seen_ids = np.empty(0, dtype=np.int64)
         self._new_ids: list[int] = []
-        if self._penalised and len(context_ids):
-            ids = np.asarray(context_ids, dtype=np.int64)
-            if ids.min() < 0 or ids.max() >= len(self._seen):
-                raise GenerationError(f"token ids must lie in 0..{len(self._seen) - 1}")
+        if self._penalised and (len(context_ids) or len(generated_ids)):
+            ids = _token_ids([*context_ids, *generated_ids], width)
             self._seen[ids] = True
             self._seen_ids = np.flatnonzero(self._seen)
+        # Float32 like the logits, so each subtraction rounds as vLLM's does.
+        self._frequency = np.float32(settings.frequency_penalty)
+        self._presence = np.float32(settings.presence_penalty)
+        self._counted = settings.frequency_penalty != 0.0 or settings.presence_penalty != 0.0
+        # The same two views of the generated ids, with how often each came: a
+        # token costs O(1), a step O(distinct generated ids). Nothing at all when off.
+        self._counts = np.zeros(width if self._counted else 0, dtype=np.int64)
+        self._counted_ids = np.empty(0, dtype=np.int64)
+        self._new_counted: list[int] = []
+        if self._counted and len(generated_ids):
+            ids, counts = np.unique(_token_ids(generated_ids, width), return_counts=True)
+            self._counts[ids] = counts
+            self._counted_ids = ids
 
     @property
     def greedy(self) -> bool:
@@ -202,37 +242,68 @@ class Sampler:
         return token
 
     def _penalise(self, logits: np.ndarray) -> np.ndarray:
-        """The row as float32 (transformers casts the logits so) with the repetition penalty applied.
+        """The row as float32 (transformers casts the logits so) with the penalties applied.
 
-        In float32 like ``RepetitionPenaltyLogitsProcessor``, so a greedy pick
-        between two nearly equal scores goes the same way. A penalised row
-        lives in this thread's scratch: valid until the thread's next draw.
+        In float32 like ``RepetitionPenaltyLogitsProcessor`` (and vLLM's
+        frequency and presence penalties), so a greedy pick between two nearly
+        equal scores goes the same way. A penalised row lives in this thread's
+        scratch: valid until the thread's next draw.
         """
         row = np.asarray(logits, dtype=np.float32).reshape(-1)
-        if not self._penalised:
+        seen = self._seen_so_far(len(row)) if self._penalised else None
+        counted = self._counted_so_far(len(row)) if self._counted else None
+        if seen is None and counted is None:
             return row
+        penalised = _scratch(len(row)).penalised  # never write into the caller's (the session's) buffer
+        np.copyto(penalised, row)
+        if seen is not None:
+            scores = penalised[seen]
+            penalised[seen] = np.where(scores < 0, scores * self._penalty, scores / self._penalty)
+        if counted is not None:
+            scores = penalised[counted]
+            # Two subtractions, frequency first, as vLLM rounds them; a zero term would change no bit.
+            if self._frequency:
+                scores -= self._frequency * self._counts[counted].astype(np.float32)
+            if self._presence:
+                scores -= self._presence
+            penalised[counted] = scores
+        return penalised
+
+    def _seen_so_far(self, width: int) -> np.ndarray | None:
+        """The ids the repetition penalty applies to, None if none yet."""
         if self._new_ids:
             self._seen_ids = np.concatenate([self._seen_ids, np.asarray(self._new_ids, dtype=np.int64)])
             self._new_ids.clear()
-        ids = self._seen_ids
-        if not ids.size:
-            return row
-        if len(self._seen) > len(row) and self._seen[len(row) :].any():
-            raise GenerationError(f"the model's logits row has {len(row)} entries, fewer than its token ids")
-        penalised = _scratch(len(row)).penalised  # never write into the caller's (the session's) buffer
-        np.copyto(penalised, row)
-        scores = penalised[ids]
-        penalised[ids] = np.where(scores < 0, scores * self._penalty, scores / self._penalty)
-        return penalised
+        if not self._seen_ids.size:
+            return None
+        if len(self._seen) > width and self._seen[width:].any():
+            raise GenerationError(f"the model's logits row has {width} entries, fewer than its token ids")
+        return self._seen_ids
+
+    def _counted_so_far(self, width: int) -> np.ndarray | None:
+        """The ids generated so far, each once, None if none yet."""
+        if self._new_counted:
+            self._counted_ids = np.concatenate([self._counted_ids, np.asarray(self._new_counted, dtype=np.int64)])
+            self._new_counted.clear()
+        if not self._counted_ids.size:
+            return None
+        if self._counted_ids.max() >= width:
+            raise GenerationError(f"the model's logits row has {width} entries, fewer than its token ids")
+        return self._counted_ids
 
     def _remember(self, token: int) -> None:
-        if not self._penalised:
-            return
-        if token >= len(self._seen):  # a logits row wider than the tokenizer's ids
-            self._seen = np.concatenate([self._seen, np.zeros(token + 1 - len(self._seen), dtype=bool)])
-        if not self._seen[token]:
-            self._seen[token] = True
-            self._new_ids.append(token)
+        if self._penalised:
+            if token >= len(self._seen):  # a logits row wider than the tokenizer's ids
+                self._seen = np.concatenate([self._seen, np.zeros(token + 1 - len(self._seen), dtype=bool)])
+            if not self._seen[token]:
+                self._seen[token] = True
+                self._new_ids.append(token)
+        if self._counted:
+            if token >= len(self._counts):
+                self._counts = np.concatenate([self._counts, np.zeros(token + 1 - len(self._counts), dtype=np.int64)])
+            if not self._counts[token]:
+                self._new_counted.append(token)
+            self._counts[token] += 1
 
     def _draw(self, row: np.ndarray) -> int:
         """One id from the kept ids by one uniform draw over their running sum.
@@ -367,6 +438,13 @@ class Sampler:
             self.rng.bit_generator.state = restored
         except (KeyError, TypeError, ValueError) as exc:
             raise GenerationError(f"the snapshot's random generator state is not valid: {exc}") from None
+
+
+def _token_ids(ids: Sequence[int], width: int) -> np.ndarray:
+    values = np.asarray(ids, dtype=np.int64)
+    if values.size and (values.min() < 0 or values.max() >= width):
+        raise GenerationError(f"token ids must lie in 0..{width - 1}")
+    return values
 
 
 def _as_int(value: int | str) -> int:

@@ -68,6 +68,30 @@ def _template_tokens(tokenizer_config: Mapping[str, Any]) -> dict[str, Any]:
     return tokens
 
 
+def tool_calls_as_text(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Messages for a template that knows no ``tool_calls``: each call written into its message's text.
+
+    One ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` per call
+    (the Hermes form, which most tool-trained models read), so a conversation
+    with calls keeps them in the prompt instead of losing them silently.
+    """
+    flat = []
+    for message in messages:
+        calls = message.get("tool_calls")
+        if not calls:
+            flat.append(dict(message))
+            continue
+        written = [
+            "<tool_call>"
+            + _tojson({"name": c["function"]["name"], "arguments": c["function"]["arguments"]})
+            + "</tool_call>"
+            for c in calls
+        ]
+        text = "\n".join(part for part in (message.get("content") or "", *written) if part)
+        flat.append({key: value for key, value in message.items() if key != "tool_calls"} | {"content": text})
+    return flat
+
+
 class ChatTemplate:
     """A compiled chat template and the special-token variables it is rendered with."""
 
@@ -75,9 +99,13 @@ class ChatTemplate:
         self.model_name = folder.name
         self._template = _compile_template(source, folder)
         self._special_tokens = _template_tokens(tokenizer_config)
+        # A template that never reads tool_calls would drop them from the prompt without a word.
+        self.reads_tool_calls = "tool_calls" in source
 
-    def render(self, messages: Sequence[Mapping[str, str]]) -> str:
+    def render(self, messages: Sequence[Mapping[str, Any]]) -> str:
         """The messages as prompt text, ending with the assistant's turn (add_generation_prompt)."""
+        if not self.reads_tool_calls:
+            messages = tool_calls_as_text(messages)
         try:
             return self._template.render(
                 messages=messages,

@@ -24,7 +24,7 @@ from workers.backends.base import (
     StopCheck,
 )
 from workers.backends.detokenizer import StopFilter, StreamDetokenizer
-from workers.backends.errors import GenerationError
+from workers.backends.errors import ContextTooLong, GenerationError
 from workers.backends.onnx.error_text import one_line
 from workers.backends.sampling import Sampler
 
@@ -54,7 +54,7 @@ class OnnxGeneration:
         if not prompt_ids:
             raise GenerationError("the prompt is empty")
         if len(prompt_ids) >= model.context_length:
-            raise GenerationError(
+            raise ContextTooLong(
                 f"the prompt has {len(prompt_ids)} tokens; model {model.name!r} has a context window of "
                 f"{model.context_length}, which leaves no room for output"
             )
@@ -64,12 +64,14 @@ class OnnxGeneration:
         self.generated_ids = generated_ids or []
         if any(not 0 <= i < vocab for i in prompt_ids + self.generated_ids):
             raise GenerationError(f"token ids must lie in 0..{vocab - 1}")
-        # The penalty's context is the prompt plus what was generated before a resume:
-        # the ids transformers would hold in input_ids at this point.
+        # The repetition penalty's context is the prompt plus what was generated before a
+        # resume (the ids transformers would hold in input_ids at this point); the frequency
+        # and presence penalties count only the generated ones, so the two travel apart.
         self.sampler = Sampler(
             model.defaults.resolve(params),
             seed=params.seed if seed is None else seed,
-            context_ids=prompt_ids + self.generated_ids,
+            context_ids=prompt_ids,
+            generated_ids=self.generated_ids,
             vocab_size=model.vocab_size,
         )
         self.seed = self.sampler.seed

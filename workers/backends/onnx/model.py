@@ -10,9 +10,9 @@ from typing import Any
 
 import onnxruntime as ort
 
-from workers.backends.base import EngineObserver, SamplingParams, StopCheck, request_messages
+from workers.backends.base import EngineObserver, SamplingParams, StopCheck, droppable_items, request_messages
 from workers.backends.errors import GenerationError, ModelLoadError
-from workers.backends.onnx.chat_template import ChatTemplate
+from workers.backends.onnx.chat_template import ChatTemplate, tool_calls_as_text
 from workers.backends.onnx.engine import BatchEngine, automatic_kv_budget, kv_bytes_per_position
 from workers.backends.onnx.generation import OnnxGeneration
 from workers.backends.onnx.graph import graph_spec, quantizes_per_call, uses_group_query_attention
@@ -120,11 +120,12 @@ class OnnxModel:
 
     # -- prompts ------------------------------------------------------------
 
-    def render_prompt(self, request: Mapping[str, Any]) -> str:
+    def render_prompt(self, request: Mapping[str, Any], *, dropped: int = 0) -> str:
         """The request as the text the model was trained on (its chat template, add_generation_prompt)."""
-        messages = request_messages(request)
+        messages = request_messages(request, dropped=dropped)
         if self._template is None:
-            return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
+            flat = tool_calls_as_text(messages)
+            return "".join(f"{m['role']}: {m['content']}\n" for m in flat) + "assistant:"
         return self._template.render(messages)
 
     def prompt_ids(self, request: Mapping[str, Any]) -> list[int]:
@@ -132,9 +133,21 @@ class OnnxModel:
 
         The template writes the special tokens itself, so the tokenizer adds
         none (it still maps special-token text to its ids); without a template
-        the tokenizer's own post-processor adds what the model expects.
+        the tokenizer's own post-processor adds what the model expects. With
+        ``truncation: auto`` a prompt that leaves no room for output loses
+        whole items from the start of the conversation until it fits (or
+        only the newest is left: then it fails as any prompt too long does).
         """
-        text = self.render_prompt(request)
+        ids = self._encode(request, 0)
+        if request.get("truncation") == "auto":
+            dropped, limit = 0, droppable_items(request)
+            while len(ids) >= self.context_length and dropped < limit:
+                dropped += 1
+                ids = self._encode(request, dropped)
+        return ids
+
+    def _encode(self, request: Mapping[str, Any], dropped: int) -> list[int]:
+        text = self.render_prompt(request, dropped=dropped)
         return list(self.tokenizer.encode(text, add_special_tokens=self._template is None).ids)
 
     # -- generation ---------------------------------------------------------

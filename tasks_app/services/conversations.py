@@ -1,0 +1,82 @@
+"""Durable conversation state: ``previous_response_id`` (PROFILE.md 10.2).
+
+A response that continues another gets, at accept time, a copy of the whole
+conversation before it: the previous response's own context (its chain,
+already copied when it was accepted), its input and its output, in order.
+``instructions`` are not carried over. The copy is stored in the new
+task's request (``context``), so:
+
+- resolving a chain of any depth is one query (the previous response's row);
+- the worker renders it without reading the database;
+- it survives restarts, and deleting a response later leaves the responses
+  that continued it intact (docs/decisions/0004-conversations-copy-their-context.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from tasks_app.exceptions import ResponseNotFinished, ResponseNotFound
+from tasks_app.models import Client, Response
+from tasks_app.states import ResponseStatus
+
+FINISHED = (ResponseStatus.COMPLETED, ResponseStatus.INCOMPLETE, ResponseStatus.FAILED, ResponseStatus.CANCELLED)
+PARAM = "previous_response_id"
+
+
+def conversation_context_of(*, client: Client, request: Mapping[str, Any]) -> list[dict[str, Any]] | None:
+    """The conversation ``request`` continues, or None when it names no ``previous_response_id``.
+
+    Read before the accepting transaction: a finished response does not
+    change, and one deleted meanwhile leaves the copy intact.
+    """
+    previous = request.get(PARAM)
+    return None if not previous else conversation_context(client=client, previous_response_id=previous)
+
+
+def conversation_context(*, client: Client, previous_response_id: str) -> list[dict[str, Any]]:
+    """The items a response continuing ``previous_response_id`` starts from (one query).
+
+    Unknown, another client's or an unstored (``store: false``) response is
+    ``ResponseNotFound``; one that has not finished is ``ResponseNotFinished``.
+    """
+    row = (
+        Response.objects.filter(pk=previous_response_id, client=client)
+        .values_list("request", "output", "status")
+        .first()
+    )
+    if row is None or row[0].get("store") is False:
+        raise ResponseNotFound(
+            f"No stored response with id {previous_response_id!r} to continue",
+            errors=[{"field": PARAM, "message": "no stored response of this client has this id"}],
+        )
+    request, output, status = row
+    if status not in FINISHED:
+        raise ResponseNotFinished(
+            f"response {previous_response_id} has not finished ({status}); continue it once it has",
+            errors=[{"field": PARAM, "message": "has not finished"}],
+        )
+    return [*request.get("context", ()), *input_items(request.get("input")), *output_input_items(output)]
+
+
+def input_items(given: str | list[Mapping[str, Any]] | None) -> list[dict[str, Any]]:
+    """A request's ``input`` as a list of items (a string is one user message)."""
+    if given is None:
+        return []
+    if isinstance(given, str):
+        return [{"type": "message", "role": "user", "content": given}]
+    return [dict(item) for item in given]
+
+
+def output_input_items(output: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """A response's output items as the input items a client would echo back."""
+    items: list[dict[str, Any]] = []
+    for item in output or ():
+        if item.get("type") == "message":
+            parts = item.get("content", ())
+            text = "".join(part.get("text", "") for part in parts if part.get("type") == "output_text")
+            items.append({"type": "message", "role": "assistant", "content": text})
+        elif item.get("type") == "function_call":
+            items.append({key: item[key] for key in ("type", "call_id", "name", "arguments")})
+    return items
