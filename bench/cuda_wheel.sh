@@ -7,13 +7,18 @@
 # there. docs/cuda.md walks through the calls.
 #
 #   bash bench/cuda_wheel.sh download        # here: pip download, split into .cudawheel/partNN/chunk
-#   bash bench/cuda_wheel.sh receive NN      # there, one call per part, carry [".cudawheel/partNN"]
+#   bash bench/cuda_wheel.sh receive NN      # there, one call per part, carry [".cudawheel/partNN"]:
+#                                            # the part is copied to $CUDA_WHEEL_STASH, outside the tree
 #   bash bench/cuda_wheel.sh install         # there, after the last part: reassemble, sha256, pip --target
 #   bash bench/cuda_wheel.sh env             # the PYTHONPATH line that puts the install first
 #
 # Settings (environment): CUDA_WHEEL_DIR (.cudawheel), CUDA_WHEEL_CHUNK_MIB (54: the tracked tree is
-# ~6 MiB and rides along in every call), CUDA_WHEEL_TARGET (/tmp/ortgpu), ORT_GPU_VERSION (the pin in
-# requirements.txt).
+# ~6 MiB and rides along in every call), CUDA_WHEEL_STASH (/tmp/cudawheel-parts), CUDA_WHEEL_TARGET
+# (/tmp/ortgpu), ORT_GPU_VERSION (the pin in requirements.txt).
+#
+# Why the stash: a carried path lasts only for its own call. The first run on an H200 (2026-12-04)
+# found part00 gone from the tree when part04's call ran, so each part is copied out of the tree,
+# where a warm machine keeps it, and `install` reads the stash.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -22,6 +27,7 @@ CHUNK_MIB="${CUDA_WHEEL_CHUNK_MIB:-54}"
 TARGET="${CUDA_WHEEL_TARGET:-/tmp/ortgpu}"
 VERSION="${ORT_GPU_VERSION:-$(sed -n 's/^onnxruntime-gpu==\([0-9][0-9.]*\).*/\1/p' requirements.txt)}"
 MANIFEST="$DIR/part00/MANIFEST"
+STASH="${CUDA_WHEEL_STASH:-/tmp/cudawheel-parts}"
 
 python_here() {
     if [ -x .venv/bin/python ]; then echo .venv/bin/python; else echo python3; fi
@@ -66,16 +72,20 @@ download() {
 receive() {
     local part="$1"
     test -s "$DIR/part$part/chunk" || { echo "part $part did not arrive (carry \"$DIR/part$part\")" >&2; exit 1; }
-    ls -l "$DIR"/part*/chunk
+    mkdir -p "$STASH"
+    rm -rf "$STASH/part$part"
+    cp -r "$DIR/part$part" "$STASH/part$part"
+    ls -l "$STASH"/part*/chunk
 }
 
 install() {
-    test -s "$MANIFEST" || { echo "no $MANIFEST: part 00 was not sent, or the machine went cold" >&2; exit 1; }
+    local manifest="$STASH/part00/MANIFEST"
+    test -s "$manifest" || { echo "no $manifest: part 00 was not received, or the machine went cold" >&2; exit 1; }
     local name sha count have out
-    name=$(sed -n 1p "$MANIFEST")
-    sha=$(sed -n 2p "$MANIFEST")
-    count=$(sed -n 3p "$MANIFEST")
-    have=$(ls "$DIR"/part*/chunk 2>/dev/null | wc -l)
+    name=$(sed -n 1p "$manifest")
+    sha=$(sed -n 2p "$manifest")
+    count=$(sed -n 3p "$manifest")
+    have=$(ls "$STASH"/part*/chunk 2>/dev/null | wc -l)
     if [ "$have" != "$count" ]; then
         echo "$have of $count parts here (a cold machine starts bare: send them all again)" >&2
         exit 1
@@ -83,7 +93,7 @@ install() {
     out=/tmp/ortgpu-wheel
     mkdir -p "$out"
     # part00, part01, ...: the glob sorts them in order.
-    cat "$DIR"/part*/chunk >"$out/$name"
+    cat "$STASH"/part*/chunk >"$out/$name"
     echo "$sha  $out/$name" | sha256sum -c -
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$TARGET" "$out/$name"
     rm -f "$out/$name"

@@ -183,7 +183,12 @@ def test_queued_tasks_whose_messages_a_redis_restart_lost_still_run(private_stac
             queued.append(task["id"])
 
         broker = redis.Redis(port=stack.redis.port)
-        assert set(waiting_run_messages(broker, stack.worker.queue)) == set(queued)
+        # The web process's sender publishes after the 202, so the last message can trail its answer.
+        wait_until(
+            lambda: set(waiting_run_messages(broker, stack.worker.queue)) == set(queued),
+            what=lambda: f"waiting: {waiting_run_messages(broker, stack.worker.queue)}, queued: {queued}",
+            timeout=10,
+        )
         assert [broker.exists(key("dispatched", task_id)) for task_id in queued] == [1, 1, 1]
 
         stack.redis.stop()

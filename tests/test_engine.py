@@ -445,11 +445,23 @@ def test_closing_the_model_ends_its_rows_with_an_error_instead_of_leaving_them_w
     model = OnnxRuntimeBackend(prefill_chunk=CHUNK).load(MODELS / "qwen2-tiny", device="cpu")
     engine = model.engine(max_batch=2, kv_budget_bytes=0, delta_tokens=4, delta_seconds=0.05)
     long = SamplingParams(temperature=0, max_output_tokens=250)
-    generation = model.generate(list(range(3, 13)), long, should_stop=never)
+    closed = threading.Event()
+    rows: list[Any] = []
+
+    def held_until_closed() -> bool:
+        # Once its first chunk is out, the row waits for the close: on a fast machine it would
+        # otherwise make all its tokens before the test thread, woken by that chunk, closes the model.
+        if rows and rows[0].output_tokens > 4:
+            closed.wait(timeout=10)
+        return False
+
+    generation = model.generate(list(range(3, 13)), long, should_stop=held_until_closed)
+    rows.append(generation)
     stream = engine.submit(generation)
     iterator = iter(stream)
     next(iterator)
     model.close()
+    closed.set()
     with pytest.raises(GenerationError, match="unloaded"):
         for _ in iterator:
             pass

@@ -47,6 +47,8 @@ FUNCTION_TOOL = {
     "strict": True,
 }
 
+BARE_FUNCTION_TOOL = {"type": "function", "name": "get_time", "parameters": {"type": "object", "properties": {}}}
+
 
 def counts() -> tuple[int, int, int, int]:
     return (Task.objects.count(), Response.objects.count(), TaskEvent.objects.count(), IdempotencyKey.objects.count())
@@ -322,6 +324,12 @@ ECHOED = [
         {"tools": [FUNCTION_TOOL], "tool_choice": "none"},
         {"tools": [FUNCTION_TOOL], "tool_choice": "none"},
         "tools-function-with-tool_choice-none",
+    ),
+    # Items of one list with different keys: each item's own fields count, not the first one's.
+    case(
+        {"tools": [BARE_FUNCTION_TOOL, FUNCTION_TOOL], "tool_choice": "none"},
+        {"tools": [BARE_FUNCTION_TOOL, FUNCTION_TOOL], "tool_choice": "none"},
+        "tools-items-with-different-keys",
     ),
     case({"tool_choice": "auto"}, {"tool_choice": "auto", "tools": []}, "tool_choice-auto-without-tools"),
     case({"tool_choice": "none"}, {"tool_choice": "none"}, "tool_choice-none-without-tools"),
@@ -657,6 +665,11 @@ INVALID = [
     ),
     pytest.param({"colour": "red"}, "colour", id="unknown-field"),
     pytest.param({"text": {"format": {"type": "text"}, "colour": "red"}}, "text.colour", id="unknown-nested-field"),
+    pytest.param(
+        {"tools": [BARE_FUNCTION_TOOL, {**FUNCTION_TOOL, "colour": "red"}], "tool_choice": "none"},
+        "tools.1.colour",
+        id="unknown-field-in-a-later-list-item",
+    ),
 ]
 
 

@@ -7,6 +7,7 @@ no business rules. Output serializers only render the wire objects.
 
 from __future__ import annotations
 
+import copy
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -80,10 +81,42 @@ _MESSAGE_ITEM_SCHEMA = {
 
 
 class StrictSerializer(serializers.Serializer):
-    """Refuses fields it does not declare, naming each one."""
+    """Refuses fields it does not declare, naming each one.
+
+    For a validation it builds only the fields the data names and those that act when absent
+    (required, or with a default). DRF deep-copies every declared field into each serializer
+    instance; the Responses request declares some fifty, nested, and copying them all was the
+    largest single cost of an accept (bench/accept.py, issue 26's note). Anything that reads
+    ``fields`` before validating (the schema, a caller adding a field) gets every field.
+    """
+
+    # The data keys the fields were built for; None: every declared field was built.
+    _built_for: frozenset[str] | None = None
+
+    def get_fields(self) -> dict[str, serializers.Field]:
+        if self._built_for is None:
+            return super().get_fields()
+        wanted = {
+            name: field
+            for name, field in self._declared_fields.items()
+            if name in self._built_for or field.required or field.default is not serializers.empty
+        }
+        return copy.deepcopy(wanted)
+
+    def _build_fields_for(self, data: Mapping[str, Any]) -> None:
+        keys = frozenset(data)
+        if "fields" not in self.__dict__:
+            self._built_for = keys
+        elif self._built_for is not None and not keys <= self._built_for:
+            # A list's child serializer validates every item with one instance: widen it for this one.
+            self._built_for |= keys
+            del self.__dict__["fields"]
 
     def to_internal_value(self, data: Any) -> Any:
-        unknown = sorted(set(data) - set(self.fields)) if isinstance(data, Mapping) else []
+        unknown: list[str] = []
+        if isinstance(data, Mapping):
+            self._build_fields_for(data)
+            unknown = sorted(set(data) - set(self._declared_fields) - set(self.fields))
         errors: dict[str, Any] = {name: ["unknown field"] for name in unknown}
         try:
             value = super().to_internal_value(data)

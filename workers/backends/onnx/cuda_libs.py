@@ -194,6 +194,11 @@ def preload_cuda_libraries() -> CudaLibraries:
         # Windows names its DLLs otherwise and has its own search order; ORT reports there itself.
         return CudaLibraries()
     libraries = probe_cuda_libraries(nvidia_library_dirs(sys.path))
+    # onnxruntime-gpu 1.31 warns "No registered plugin EP device found for 'CUDAExecutionProvider'"
+    # on its process-wide logger for every CUDA session it then builds with its own provider: 264
+    # lines in the first H200 run, none of them news. The sessions' own logging is errors-only
+    # already (session_options); errors on the process-wide logger still reach stderr.
+    ort.set_default_logger_severity(3)
     preload = getattr(ort, "preload_dlls", None)
     if preload is not None:
         printed = io.StringIO()
