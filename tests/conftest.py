@@ -244,11 +244,11 @@ def worker_models_root(
     return root
 
 
-@pytest.fixture(scope="session")
-def celery_worker_proc(
-    django_db_setup, django_db_blocker, worker_models_root: Path, tmp_path_factory: pytest.TempPathFactory
+@contextmanager
+def shared_worker(
+    django_db_blocker, worker_models_root: Path, log_dir: Path, *, queue: str, **extra_env: str
 ) -> Iterator[WorkerProcess]:
-    """One real ``celery worker`` for the session, on the test database."""
+    """A real ``celery worker`` on the test database, consuming ``queue``."""
     from django.conf import settings
 
     with django_db_blocker.unblock():
@@ -260,19 +260,46 @@ def celery_worker_proc(
         "LMSP_MODELS_DIR": str(worker_models_root),
         "LMSP_DELTA_BATCH_MS": "20",
         "LMSP_HEARTBEAT_SECONDS": "1",
+        **extra_env,
     }
-    log_path = tmp_path_factory.mktemp("worker") / "worker.log"
-    with celery_worker(env=env, queue=WORKER_QUEUE, log_path=log_path) as worker:
+    with celery_worker(env=env, queue=queue, log_path=log_dir / "worker.log") as worker:
         yield worker
 
 
-@pytest.fixture
-def running_worker(transactional_db, demo_model, celery_worker_proc: WorkerProcess, worker_models_root: Path, settings):
-    """A live worker consuming this test's dispatches; the test's tasks end before the next test."""
-    settings.LMSP_TASK_QUEUE = celery_worker_proc.queue
+@pytest.fixture(scope="session")
+def celery_worker_proc(
+    django_db_setup, django_db_blocker, worker_models_root: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[WorkerProcess]:
+    """One real ``celery worker`` for the session, on the test database."""
+    with shared_worker(
+        django_db_blocker, worker_models_root, tmp_path_factory.mktemp("worker"), queue=WORKER_QUEUE
+    ) as w:
+        yield w
+
+
+@pytest.fixture(scope="module")
+def slow_device_worker_proc(
+    django_db_setup, django_db_blocker, worker_models_root: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[WorkerProcess]:
+    """A worker whose every model call first waits 4 ms, as a slow device would (tasks_app.faults).
+
+    For a test whose task must still be generating after a slow step of the test's own (a browser
+    logging in and loading a page): a fast machine's worker otherwise ends it first. Tokens are
+    unchanged; a 2,000-token task takes at least 8 s.
+    """
+    log_dir = tmp_path_factory.mktemp("slow-worker")
+    queue = f"{WORKER_QUEUE}-slow-device"
+    with shared_worker(
+        django_db_blocker, worker_models_root, log_dir, queue=queue, LMSP_FAULT_MODEL_CALL_SECONDS="0.004"
+    ) as worker:
+        yield worker
+
+
+def _running(settings, worker: WorkerProcess, worker_models_root: Path) -> Iterator[WorkerProcess]:
+    settings.LMSP_TASK_QUEUE = worker.queue
     settings.LMSP_MODELS_DIR = worker_models_root
     model_scan(models_dir=worker_models_root)
-    yield celery_worker_proc
+    yield worker
     from tasks_app.models import Task
     from tasks_app.services.tasks import task_cancel
     from tasks_app.states import ACTIVE
@@ -283,6 +310,20 @@ def running_worker(transactional_db, demo_model, celery_worker_proc: WorkerProce
         lambda: not Task.objects.filter(status__in=ACTIVE).exists(),
         what="the worker did not let go of the test's tasks",
     )
+
+
+@pytest.fixture
+def running_worker(transactional_db, demo_model, celery_worker_proc: WorkerProcess, worker_models_root: Path, settings):
+    """A live worker consuming this test's dispatches; the test's tasks end before the next test."""
+    yield from _running(settings, celery_worker_proc, worker_models_root)
+
+
+@pytest.fixture
+def running_slow_device_worker(
+    transactional_db, demo_model, slow_device_worker_proc: WorkerProcess, worker_models_root: Path, settings
+):
+    """``running_worker``, on the slowed worker (``slow_device_worker_proc``)."""
+    yield from _running(settings, slow_device_worker_proc, worker_models_root)
 
 
 @pytest.fixture(scope="session")
