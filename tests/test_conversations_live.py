@@ -209,6 +209,33 @@ def test_continuing_what_the_client_cannot_continue_is_refused_and_names_the_fie
     assert continue_task(api, waiting["response_id"])["status"] == "queued"
 
 
+@pytest.mark.parametrize("endpoint", ["tasks", "responses"])
+def test_a_keyed_retry_gets_its_first_answer_after_the_response_it_continued_was_deleted(api, queue, endpoint):
+    first = api.create_task("Turn 1").json()
+    finish(first["id"])
+    body = {"model": "demo", "input": "Go on", "previous_response_id": first["response_id"]}
+    path, sent = (
+        ("/lmsp/v1/tasks", {"type": "response", "input": body})
+        if endpoint == "tasks"
+        else ("/lmsp/v1/responses", {**body, "background": True})
+    )
+    key = {"Idempotency-Key": f"continue-{endpoint}"}
+    accepted = api.post(path, sent, headers=key)
+    assert accepted.status_code in {200, 202}, accepted.content
+
+    deleted = api.http.delete(f"/lmsp/v1/responses/{first['response_id']}", headers=api._headers(None))
+    assert deleted.status_code == 200, deleted.content
+    tasks = Task.objects.count()
+    again = api.post(path, sent, headers=key)
+
+    # The client whose answer was lost learns of the task it started, not of the deletion.
+    assert (again.status_code, again.json()) == (accepted.status_code, accepted.json())
+    assert Task.objects.count() == tasks
+    # A new request (no key, or another) is refused: there is nothing left to continue.
+    refused = api.post(path, sent, headers={"Idempotency-Key": f"other-{endpoint}"})
+    assert (refused.status_code, refused.json()["code"]) == (404, "response_not_found")
+
+
 def test_resolving_a_chain_costs_one_query_whatever_its_depth(api, queue, django_assert_num_queries):
     tips: dict[int, str] = {}
     previous = api.create_task("Turn 1").json()

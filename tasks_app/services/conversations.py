@@ -15,9 +15,10 @@ task's request (``context``), so:
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
-from tasks_app.exceptions import ResponseNotFinished, ResponseNotFound
+from tasks_app.exceptions import LmspError, ResponseNotFinished, ResponseNotFound
 from tasks_app.models import Client, Response
 from tasks_app.states import ResponseStatus
 
@@ -33,6 +34,33 @@ def conversation_context_of(*, client: Client, request: Mapping[str, Any]) -> li
     """
     previous = request.get(PARAM)
     return None if not previous else conversation_context(client=client, previous_response_id=previous)
+
+
+@dataclass(frozen=True)
+class Continuation:
+    """The conversation a request continues, or why it cannot be continued, to be raised later."""
+
+    context: list[dict[str, Any]] | None = None
+    refusal: LmspError | None = None
+
+    def context_or_refusal(self) -> list[dict[str, Any]] | None:
+        if self.refusal is not None:
+            raise self.refusal
+        return self.context
+
+
+def conversation_continuation(*, client: Client, request: Mapping[str, Any]) -> Continuation:
+    """``conversation_context_of``, with its refusal kept instead of raised.
+
+    For an accept with an ``Idempotency-Key``: the retry of a request that was
+    accepted gets its first answer again even when the response it continued
+    has been deleted since (or, never, has stopped being finished), so the
+    refusal may only be raised once the key had its say.
+    """
+    try:
+        return Continuation(context=conversation_context_of(client=client, request=request))
+    except (ResponseNotFound, ResponseNotFinished) as refusal:
+        return Continuation(refusal=refusal)
 
 
 def conversation_context(*, client: Client, previous_response_id: str) -> list[dict[str, Any]]:

@@ -30,7 +30,7 @@ from tasks_app import states
 from tasks_app.exceptions import InvalidRequest, ResponseNotFinished, ResponseNotFound
 from tasks_app.models import Client, IdempotencyKey, IdempotencyState, Response, Task
 from tasks_app.request_surface import response_request_check
-from tasks_app.services.conversations import conversation_context_of
+from tasks_app.services.conversations import conversation_continuation
 from tasks_app.services.idempotency import idempotency_claim_if_keyed, idempotency_complete
 from tasks_app.services.tasks import Reply, task_accept, task_cancel
 from tasks_app.states import RestartPolicy
@@ -74,7 +74,7 @@ def response_start(
     is told about is durable.
     """
     response_request_check(request)
-    context = conversation_context_of(client=client, request=request)
+    continuation = conversation_continuation(client=client, request=request)
     if background and request.get("store") is False:
         raise InvalidRequest(
             "a background response is stored: background requires store to be true",
@@ -98,6 +98,7 @@ def response_start(
             if reply.headers.get("Content-Type") == EVENT_STREAM_CONTENT_TYPE:
                 return ResponseStarted(task_id=reply.body["task_id"], stream=True, replayed=True)
             return ResponseStarted(replay=reply)
+        context = continuation.context_or_refusal()
         accepted = task_accept(
             client=client, request=request, on_restart=on_restart, notify_webhooks=background, context=context
         )

@@ -16,6 +16,8 @@ from tasks_app.exceptions import (
     LmspError,
     ModelNotFound,
     QueueFull,
+    ResponseNotFinished,
+    ResponseNotFound,
     TaskNotCancelable,
     UnsupportedCapability,
     UnsupportedParameter,
@@ -24,7 +26,7 @@ from tasks_app.models import Client, Task
 from tasks_app.querying import status_in
 from tasks_app.request_surface import response_request_check
 from tasks_app.selectors import model_get_by_name
-from tasks_app.services.conversations import conversation_context_of
+from tasks_app.services.conversations import conversation_continuation
 from tasks_app.services.dispatch import task_dispatch_on_commit
 from tasks_app.services.idempotency import IdempotencyClaim, idempotency_claim_if_keyed, idempotency_complete
 from tasks_app.states import RestartPolicy, TaskStatus
@@ -102,7 +104,7 @@ def task_accept(
 
 
 @contextmanager
-def in_envelope(field: str, *, only: type[LmspError] = LmspError) -> Iterator[None]:
+def in_envelope(field: str, *, only: type[LmspError] | tuple[type[LmspError], ...] = LmspError) -> Iterator[None]:
     """Errors about a request's fields (of class ``only``), named by their path in a body that holds the
     request in ``field``."""
     try:
@@ -135,14 +137,17 @@ def task_create(
         )
     with in_envelope("input"):
         response_request_check(request)
-        context = conversation_context_of(client=client, request=request)
-    # The model is looked up inside the transaction (task_accept); its path in this body is input.model.
-    with in_envelope("input", only=ModelNotFound), transaction.atomic(durable=True):
+    continuation = conversation_continuation(client=client, request=request)
+    # The model is looked up inside the transaction (task_accept), the continuation's refusal raised
+    # there (after a replay had its chance); their paths in this body are under input.
+    refusals = (ModelNotFound, ResponseNotFound, ResponseNotFinished)
+    with in_envelope("input", only=refusals), transaction.atomic(durable=True):
         claim = idempotency_claim_if_keyed(
             client=client, endpoint=TASKS_ENDPOINT, key=idempotency_key, request_hash=request_hash
         )
         if claim is not None and claim.is_replay:
             return Reply.replay_of(claim)
+        context = continuation.context_or_refusal()
         # A task's client learns of its end by polling, streaming or its webhooks.
         accepted = task_accept(
             client=client, request=request, on_restart=on_restart, notify_webhooks=True, context=context
