@@ -36,6 +36,8 @@ logger = logging.getLogger(__name__)
 # Reconnect backoff: doubles per failed attempt, reset once subscribed.
 _RETRY_FIRST_S = 0.05
 _RETRY_MAX_S = 2.0
+# How long dropping a subscription's connections may take before they are left to the garbage collector.
+_CLOSE_TIMEOUT_S = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,11 +184,15 @@ async def _subscribe(pubsub: redis.asyncio.client.PubSub) -> None:
 
 
 async def _close_quietly(pubsub: redis.asyncio.client.PubSub, client: redis.asyncio.Redis) -> None:
-    # The connection is being dropped anyway; a failing close must not stop the reconnect.
+    # The connection is being dropped anyway: a failing close must not stop the reconnect, and a hanging
+    # one must not hold up the loop that cancels the listener as it shuts down. redis-py can wait forever
+    # for a transport that a cancelled read still holds (redis/redis-py#3941): a test client's request
+    # loop, closing after a foreground response's wait, hung there for good in a CI run.
     try:
-        await pubsub.aclose()
-        await client.aclose()
-    except (redis.RedisError, OSError):
+        async with asyncio.timeout(_CLOSE_TIMEOUT_S):
+            await pubsub.aclose()
+            await client.aclose()
+    except (redis.RedisError, OSError, TimeoutError):
         pass
 
 

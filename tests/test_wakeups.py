@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Callable
 from pathlib import Path
+
+import redis.asyncio.client
 
 from tasks_app.event_feeds import Frame, TaskFeed
 from tasks_app.notify import publish, redis_client, tasks_channel
@@ -156,3 +159,26 @@ def test_a_feed_window_is_bounded_and_stays_contiguous(settings):
     feed.last_sequence = 10
     assert [f.sequence_number for f in feed.frames_after(8)] == [9, 10]
     assert feed.frames_after(5) is None
+
+
+def test_a_loop_that_closes_while_watching_is_not_held_up_by_a_connection_that_never_closes(monkeypatch):
+    """The fault (a close that never returns, as redis-py's can) is injected: it cannot be made real."""
+
+    async def never_returns(self) -> None:
+        await asyncio.Event().wait()
+
+    monkeypatch.setattr(redis.asyncio.client.PubSub, "aclose", never_returns)
+
+    async def watch_then_return() -> None:
+        with Watch("task_a") as a:
+            await connected(a)
+        # asyncio.run now cancels the hub's listener, whose cleanup closes the subscription.
+
+    ended = threading.Event()
+
+    def run_a_request_loop() -> None:
+        asyncio.run(watch_then_return())
+        ended.set()
+
+    threading.Thread(target=run_a_request_loop, daemon=True).start()
+    assert ended.wait(timeout=20), "the loop never finished closing"
