@@ -396,10 +396,12 @@ def test_reaper_resumes_the_task_of_a_dead_worker_and_spares_the_live_one(lab: L
         # Room for a loaded machine: a live worker loading its model or between commits must not look dead.
         {"LMSP_HEARTBEAT_TIMEOUT_SECONDS": "8", "LMSP_REAP_INTERVAL_SECONDS": "1", "LMSP_SWEEP_INTERVAL_SECONDS": "1"}
     )
+    # A slowed device: on a fast machine the doomed worker had made all its tokens before the kill, and
+    # there was nothing left to reap (a back-to-back run, 2026-12-04).
     with (
         lab.maintenance() as maintenance,
-        lab.worker("doomed") as doomed,
-        lab.worker("survivor") as survivor,
+        lab.worker("doomed", LMSP_FAULT_MODEL_CALL_SECONDS="0.002") as doomed,
+        lab.worker("survivor", LMSP_FAULT_MODEL_CALL_SECONDS="0.002") as survivor,
     ):
         first, second = lab.create("resume", tokens=LONG), lab.create("resume", tokens=LONG)
         for task_id in (first, second):
