@@ -207,10 +207,15 @@ def sse_frames(task_id: str, after: int, upto: int) -> str:
     return "retry: 100\n\n" + "".join(frames)
 
 
-def test_a_dropped_stream_resumes_after_the_last_event_shown(api, running_worker, web_server, page):
+def test_a_dropped_stream_resumes_after_the_last_event_shown(api, running_slow_device_worker, web_server, page):
     """The first connection ends after 30 events (as a proxy or a network cut
     would end it): the browser reconnects by itself with Last-Event-ID, the
-    server continues after that event, and no delta is shown twice or lost."""
+    server continues after that event, and no delta is shown twice or lost.
+
+    On the slowed worker (8,000 tokens take 32 s at least): on the shared one a
+    clean-clone run found the task 1,824 events in when the page opened, racing
+    to its end while the test still needed it running (it checks ``running``
+    last), and that run's reconnect carried no Last-Event-ID."""
     assert_static_served(web_server.base)
     User.objects.create_superuser("operator", "ops@example.org", "an operator password")
     task = create(api, "Tell me a very long story", model=ENDLESS_MODEL, max_output_tokens=8000, seed=5)
