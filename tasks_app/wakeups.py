@@ -124,6 +124,7 @@ class WakeHub:
         delay = _RETRY_FIRST_S
         reported = False
         while True:
+            _raise_if_cancelled()
             client = _subscriber_client()
             pubsub = client.pubsub()
             try:
@@ -143,6 +144,7 @@ class WakeHub:
             finally:
                 self._set_connected(False)
                 await _close_quietly(pubsub, client)
+            _raise_if_cancelled()
             await asyncio.sleep(delay)
             delay = min(delay * 2, _RETRY_MAX_S)
 
@@ -150,6 +152,7 @@ class WakeHub:
         """Hand every wake-up to its watchers until the subscription fails."""
         while True:
             message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=30)
+            _raise_if_cancelled()
             if message is not None and message["type"] == "message":
                 self._on_message(message["data"])
 
@@ -183,17 +186,32 @@ async def _subscribe(pubsub: redis.asyncio.client.PubSub) -> None:
             return
 
 
+def _raise_if_cancelled() -> None:
+    """Honour a cancellation that redis-py swallowed.
+
+    Its connection code catches ``CancelledError`` in places (a read that is
+    cancelled returns, a disconnect that is cancelled goes on), and the task's
+    pending cancellation is all that is left of it. A listener that went on
+    after it would resubscribe for ever, and the loop cancelling it (a test
+    client's request loop at its end: the SQLite pass hung there for good,
+    twice) would never finish.
+    """
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
+
+
 async def _close_quietly(pubsub: redis.asyncio.client.PubSub, client: redis.asyncio.Redis) -> None:
     # The connection is being dropped anyway: a failing close must not stop the reconnect, and a hanging
     # one must not hold up the loop that cancels the listener as it shuts down. redis-py can wait forever
-    # for a transport that a cancelled read still holds (redis/redis-py#3941): a test client's request
-    # loop, closing after a foreground response's wait, hung there for good in a CI run.
-    try:
-        async with asyncio.timeout(_CLOSE_TIMEOUT_S):
-            await pubsub.aclose()
-            await client.aclose()
-    except (redis.RedisError, OSError, TimeoutError):
-        pass
+    # for a transport that a cancelled read still holds (redis/redis-py#3941). Each close has its own
+    # bound: one that swallows its deadline's cancellation must not leave the next unbounded.
+    for close in (pubsub.aclose, client.aclose):
+        try:
+            async with asyncio.timeout(_CLOSE_TIMEOUT_S):
+                await close()
+        except (redis.RedisError, OSError, TimeoutError):
+            pass
 
 
 _hubs: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, WakeHub] = weakref.WeakKeyDictionary()
