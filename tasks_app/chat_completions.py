@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from tasks_app import request_surface
+from tasks_app import request_surface, response_formats
 from tasks_app.events import EventType
 from tasks_app.exceptions import (
     InvalidRequest,
@@ -78,6 +78,10 @@ def chat_request_to_response(data: Mapping[str, Any]) -> ChatRequest:
         request["tools"] = [{"type": "function", **tool["function"]} for tool in data["tools"]]
     if data.get("tool_choice") is not None:
         request["tool_choice"] = data["tool_choice"]
+    text_format = response_formats.chat_response_format_as_text_format(data.get("response_format"))
+    if text_format is not None:
+        request["text"] = {"format": text_format}
+        response_formats.format_check(request, param="response_format")
     # Not stored for previous_response_id: a chat completion is not a stored response (store: false).
     request["store"] = False
     stream = bool(data.get("stream"))
@@ -100,11 +104,6 @@ def _refuse_what_is_missing(data: Mapping[str, Any]) -> None:
             "service_tier",
             data.get("service_tier") not in (None, *request_surface.ACCEPTED_SERVICE_TIERS),
             "one queue serves every request; use 'auto' or 'default'",
-        ),
-        (
-            "response_format",
-            (data.get("response_format") or {}).get("type", "text") != "text",
-            "structured output is not supported yet; use {'type': 'text'}",
         ),
     )
     for param, refused, why in checks:

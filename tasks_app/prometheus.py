@@ -135,12 +135,24 @@ ENGINE_QUEUE_WAIT = HistogramSpec(
     "From a row's submission to the engine to its first model call: a full batch or the KV cache budget.",
     (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300),
 )
+ENGINE_CONSTRAINED_ROWS = HistogramSpec(
+    "lmsp_engine_constrained_rows",
+    "Rows of one decode step whose output follows a grammar (structured output); the sum is their tokens.",
+    (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 256),
+)
+ENGINE_MASK_SECONDS = HistogramSpec(
+    "lmsp_engine_mask_seconds",
+    "Wall time of one decode step's grammar masks (all its constrained rows), computed beside the model run.",
+    (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25),
+)
 ENGINE_HISTOGRAMS: tuple[HistogramSpec, ...] = (
     ENGINE_BATCH_ROWS,
     ENGINE_STEP_SECONDS,
     ENGINE_PREFILL_SECONDS,
     ENGINE_PREFILL_TOKENS,
     ENGINE_QUEUE_WAIT,
+    ENGINE_CONSTRAINED_ROWS,
+    ENGINE_MASK_SECONDS,
 )
 
 

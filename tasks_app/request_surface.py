@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from tasks_app import response_formats
 from tasks_app.exceptions import InvalidRequest, UnsupportedParameter
 
 # Input item types and content part types: what the chat template can carry, and OpenAI's others.
@@ -130,6 +131,7 @@ def response_request_check(request: Mapping[str, Any]) -> None:
     """Refuse, by name, what a validated Responses request asks for and this service cannot do."""
     tools_check(tools=request.get("tools"), tool_choice=request.get("tool_choice"))
     _text_check(request.get("text") or {})
+    response_formats.format_check(request)
     for index, value in enumerate(request.get("include") or ()):
         raise _refuse(f"include[{index}]", f"{value!r} asks for output this service does not produce")
     if request.get("top_logprobs"):
@@ -140,9 +142,6 @@ def response_request_check(request: Mapping[str, Any]) -> None:
 
 
 def _text_check(text: Mapping[str, Any]) -> None:
-    text_format = (text.get("format") or {}).get("type", "text")
-    if text_format != "text":
-        raise _refuse("text.format", f"structured output ({text_format}) is not supported yet; use 'text'")
     if text.get("verbosity") not in (None, "medium"):
         raise _refuse("text.verbosity", "the models served here have no verbosity control; use 'medium'")
 

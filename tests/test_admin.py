@@ -14,6 +14,7 @@ import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from django.contrib.admin.models import LogEntry
@@ -69,9 +70,12 @@ def new_task(make_client, demo_model) -> Callable[..., Task]:
         client: Client | None = None,
         worker: str = WORKER,
         model: str = "demo",
+        **request: Any,
     ) -> Task:
         task = lifecycle.task_insert(
-            client=client or owner, request={"model": model, "input": prompt, "max_output_tokens": 50}, model=model
+            client=client or owner,
+            request={"model": model, "input": prompt, "max_output_tokens": 50, **request},
+            model=model,
         )
         if status == S.FAILED:
             problem = ServerRestarted("the server restarted while the task ran").to_problem()
@@ -259,6 +263,18 @@ def test_a_running_task_page_shows_request_text_snapshot_events_and_opens_its_st
     assert "w@host" in page
     # View-only: no save button.
     assert 'name="_save"' not in page
+
+
+def test_a_task_page_names_the_constraint_its_output_runs_under(admin_client, new_task):
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}}
+    shaped = new_task(
+        S.RUNNING, text={"format": {"type": "json_schema", "name": "weather", "schema": schema, "strict": True}}
+    )
+    free = new_task(S.RUNNING)
+    assert "json_schema &#x27;weather&#x27; (strict): JSON its schema accepts" in page_text(
+        admin_client.get(task_url(shaped.id))
+    )
+    assert "none: free text" in page_text(admin_client.get(task_url(free.id)))
 
 
 def test_the_pages_text_stops_at_its_cursor_so_the_stream_adds_nothing_twice(new_task):

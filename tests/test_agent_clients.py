@@ -17,14 +17,16 @@ import re
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import agents
 import pytest
 from agents import Agent, ModelSettings, OpenAIChatCompletionsModel, OpenAIResponsesModel, Runner
 from langchain_openai import ChatOpenAI
 from openai import AsyncOpenAI
+from pydantic import BaseModel, Field
 from pydantic_ai import Agent as PydanticAgent
+from pydantic_ai import NativeOutput
 from pydantic_ai.models.openai import OpenAIChatModel
 from pydantic_ai.models.openai import OpenAIResponsesModel as PydanticResponsesModel
 from pydantic_ai.providers.openai import OpenAIProvider
@@ -235,6 +237,84 @@ def test_pydantic_ai_agent_runs_on_the_openai_models(api, base_url, running_work
     assert result.output == stored_text(stored.id)
     assert result.usage.input_tokens == stored.usage["input_tokens"]
     assert result.usage.output_tokens == FEW
+
+
+# --------------------------------------------------------------------------- #
+# Structured output (PROFILE.md 10.5), as each framework asks for it
+# --------------------------------------------------------------------------- #
+
+
+class Weather(BaseModel):
+    """Bounded fields: the demo model writes word salad, and would fill an unbounded string to the limit."""
+
+    city: str = Field(max_length=24)
+    temperature_c: int = Field(ge=-60, le=60)
+    conditions: Literal["sunny", "cloudy", "rain"]
+
+
+def stored_weather(response: Response) -> Weather:
+    return Weather.model_validate_json(stored_text(response.id))
+
+
+async def agents_structured(base_url: str, token: str, kind: str) -> Any:
+    async with AsyncOpenAI(base_url=base_url, api_key=token, max_retries=0) as client:
+        model: Any = (
+            OpenAIResponsesModel(model=DEMO_MODEL, openai_client=client)
+            if kind == "responses"
+            else OpenAIChatCompletionsModel(model=DEMO_MODEL, openai_client=client)
+        )
+        agent = Agent(
+            name="forecaster",
+            instructions=INSTRUCTIONS,
+            model=model,
+            model_settings=ModelSettings(max_tokens=TO_THE_END),
+            output_type=Weather,
+        )
+        return await Runner.run(agent, "What is the weather in Paris?")
+
+
+@pytest.mark.parametrize("kind", ["responses", "chat_completions"])
+def test_openai_agents_output_type_comes_back_as_the_pydantic_model(api, base_url, running_worker, kind):
+    result = drive(agents_structured, base_url, api.token, kind)
+
+    (stored,) = responses_of(api)
+    assert isinstance(result.final_output, Weather)
+    assert result.final_output == stored_weather(stored)
+    # openai-agents asks with a strict json_schema named final_output (its own wrapper's name).
+    text_format = stored.request["text"]["format"]
+    assert (text_format["type"], text_format["name"], text_format["strict"]) == ("json_schema", "final_output", True)
+
+
+@pytest.mark.parametrize("use_responses_api", [False, True], ids=["chat", "responses"])
+def test_langchain_with_structured_output_returns_the_pydantic_model(api, base_url, running_worker, use_responses_api):
+    llm = ChatOpenAI(
+        base_url=base_url,
+        api_key=api.token,
+        model=DEMO_MODEL,
+        max_tokens=TO_THE_END,
+        max_retries=0,
+        use_responses_api=use_responses_api,
+    )
+
+    answer = llm.with_structured_output(Weather).invoke("What is the weather in Paris?")
+
+    (stored,) = responses_of(api)
+    assert isinstance(answer, Weather)
+    assert answer == stored_weather(stored)
+    assert stored.request["text"]["format"]["type"] == "json_schema"
+
+
+@pytest.mark.parametrize("model_class", [OpenAIChatModel, PydanticResponsesModel], ids=["chat", "responses"])
+def test_pydantic_ai_native_output_returns_the_pydantic_model(api, base_url, running_worker, model_class):
+    model = model_class(DEMO_MODEL, provider=OpenAIProvider(base_url=base_url, api_key=api.token))
+    agent = PydanticAgent(model, output_type=NativeOutput(Weather), model_settings={"max_tokens": TO_THE_END})
+
+    result = agent.run_sync("What is the weather in Paris?")
+
+    (stored,) = responses_of(api)
+    assert isinstance(result.output, Weather)
+    assert result.output == stored_weather(stored)
+    assert stored.request["text"]["format"]["type"] == "json_schema"
 
 
 # --------------------------------------------------------------------------- #

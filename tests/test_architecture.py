@@ -4,6 +4,9 @@ and where the vocabulary lives. Each rule names the lines that break it."""
 from __future__ import annotations
 
 import ast
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -155,3 +158,18 @@ def test_the_lifecycle_reaches_redis_only_after_the_commit():
     imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) for alias in node.names}
     assert {"redis_client", "publish", "broker"}.isdisjoint(imported)
     assert {"task_changed_on_commit", "tasks_changed_on_commit"} <= imported
+
+
+def test_starting_a_web_or_worker_process_imports_no_inference_library():
+    """ONNX Runtime, numpy and llguidance load with the first model or the first structured request,
+    never at a process's start: the suite starts hundreds of processes, and a user's web process never
+    needs them (docs/decisions/0003-a-test-run-bound-by-its-cpu.md)."""
+    probe = (
+        "import os, sys; os.environ.setdefault('DJANGO_SETTINGS_MODULE', 'lmsp_project.settings');"
+        "import django; django.setup();"
+        "import lmsp_project.asgi, lmsp_project.celery, workers.tasks;"
+        "print(sorted(m for m in ('onnxruntime', 'numpy', 'llguidance', 'tokenizers') if m in sys.modules))"
+    )
+    env = {**os.environ, "DATABASE_URL": "sqlite:///:memory:"}
+    shown = subprocess.run([sys.executable, "-c", probe], cwd=REPO, env=env, capture_output=True, text=True, check=True)
+    assert shown.stdout.strip() == "[]"

@@ -147,7 +147,6 @@ def test_history_with_tool_calls_and_tool_results_is_accepted_and_rendered(sdk, 
         ({"store": True}, "store"),
         ({"logprobs": True}, "logprobs"),
         ({"logit_bias": {"5": 10}}, "logit_bias"),
-        ({"response_format": {"type": "json_object"}}, "response_format"),
         (
             {"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]},
             "tools",
@@ -158,7 +157,7 @@ def test_history_with_tool_calls_and_tool_results_is_accepted_and_rendered(sdk, 
         ),
         ({"audio": {"voice": "alloy", "format": "mp3"}}, "audio"),
     ],
-    ids=["n", "store", "logprobs", "logit_bias", "response_format", "tools", "image", "audio"],
+    ids=["n", "store", "logprobs", "logit_bias", "tools", "image", "audio"],
 )
 def test_what_cannot_be_honoured_is_refused_by_its_chat_name(transactional_db, sdk, fields, param):
     before = Task.objects.count()

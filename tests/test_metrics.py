@@ -480,6 +480,8 @@ def test_engine_observations_reach_metrics_by_node_and_model_and_closed_engines_
     a.prefill(tokens=2000, seconds=0.6)
     a.queue_wait(0.2)
     b.queue_wait(3.0)
+    a.masks(rows=2, seconds=0.0003)
+    a.masks(rows=1, seconds=0.002)
     a.kv(in_use=1000, budget=10_000)
     b.kv(in_use=500, budget=10_000)
     a.rows(running=3, waiting=2)
@@ -510,6 +512,12 @@ def test_engine_observations_reach_metrics_by_node_and_model_and_closed_engines_
     assert value(samples, f"{wait}_bucket", worker=node, model=base_model, le="0.25") == 1
     assert value(samples, f"{wait}_bucket", worker=node, model=base_model, le="5.0") == 2
     assert value(samples, f"{wait}_count", worker=node, model=demo) == 0
+    constrained, masks = "lmsp_engine_constrained_rows", "lmsp_engine_mask_seconds"
+    assert value(samples, f"{constrained}_sum", worker=node, model=base_model) == 3
+    assert value(samples, f"{masks}_count", worker=node, model=base_model) == 2
+    assert value(samples, f"{masks}_bucket", worker=node, model=base_model, le="0.0005") == 1
+    assert value(samples, f"{masks}_sum", worker=node, model=base_model) == pytest.approx(0.0023)
+    assert value(samples, f"{masks}_count", worker=node, model=demo) == 0
     assert_histograms_consistent(samples)
     # Gauges: each process's own, added up per node.
     gauges = engine_gauges(samples, node, base_model)

@@ -595,7 +595,10 @@ def test_every_answer_is_documented_and_every_documented_answer_happens(
     for path, envelope in ((responses, lambda r: r), (tasks, lambda r: {"type": "response", "input": r})):
         call.here("POST", path, token=api.token, body=envelope({**short, "previous_response_id": "resp_nope"}))
         call.here("POST", path, token=api.token, body=envelope({**short, "previous_response_id": pending.response_id}))
-        call.here("POST", path, token=api.token, body=envelope({**short, "text": {"format": {"type": "json_object"}}}))
+        uncompilable = {"type": "json_schema", "name": "out", "schema": {"type": "frob"}}
+        call.here("POST", path, token=api.token, body=envelope({**short, "text": {"format": uncompilable}}))
+        cut = {**short, "text": {"format": {"type": "json_object"}}, "stop": ["}"]}
+        call.here("POST", path, token=api.token, body=envelope(cut))
 
     # POST /chat/completions (PROFILE.md 10.3): waited for, streamed, refused, failed, cancelled, limited.
     chat = f"{API}chat/completions"

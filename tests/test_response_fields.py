@@ -342,6 +342,22 @@ ECHOED = [
         "text-format-text-verbosity-medium",
     ),
     case({"text": {}}, {"text": {"format": {"type": "text"}, "verbosity": "medium"}}, "text-empty"),
+    # Implemented (tests/test_response_formats.py): echoed as sent.
+    case(
+        {"text": {"format": {"type": "json_object"}}},
+        {"text": {"format": {"type": "json_object"}, "verbosity": "medium"}},
+        "text-format-json_object",
+    ),
+    case(
+        {"text": {"format": {"type": "json_schema", "name": "answer", "schema": {"type": "object"}, "strict": True}}},
+        {
+            "text": {
+                "format": {"type": "json_schema", "name": "answer", "schema": {"type": "object"}, "strict": True},
+                "verbosity": "medium",
+            }
+        },
+        "text-format-json_schema",
+    ),
     case({"truncation": "auto"}, {"truncation": "auto"}, "truncation-auto"),
     case({"truncation": "disabled"}, {"truncation": "disabled"}, "truncation-disabled"),
     # OpenAI's response object has no `include`, `stream_options`, `background_options` or
@@ -545,12 +561,6 @@ REFUSED = [
         {"tools": [FUNCTION_TOOL, {"type": "web_search"}], "tool_choice": "none"}, HOSTED, id="tools-hosted-second"
     ),
     pytest.param({"tool_choice": {"type": "web_search_preview"}}, "tool_choice", id="tool_choice-hosted"),
-    pytest.param({"text": {"format": {"type": "json_object"}}}, "text.format", id="text-format-json_object"),
-    pytest.param(
-        {"text": {"format": {"type": "json_schema", "name": "answer", "schema": {"type": "object"}, "strict": True}}},
-        "text.format",
-        id="text-format-json_schema",
-    ),
     pytest.param({"text": {"verbosity": "low"}}, "text.verbosity", id="text-verbosity-low"),
     pytest.param({"text": {"verbosity": "high"}}, "text.verbosity", id="text-verbosity-high"),
     pytest.param({"include": ["message.output_text.logprobs"]}, "include[0]", id="include-logprobs"),

@@ -30,13 +30,13 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from contextlib import ExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from django.conf import settings
 from django.db import DatabaseError, close_old_connections, connection
 
-from tasks_app import broker, faults, lifecycle, states
+from tasks_app import broker, faults, lifecycle, response_formats, states
 from tasks_app.db_locks import is_database_unavailable
 from tasks_app.exceptions import (
     BackendError,
@@ -443,7 +443,7 @@ def _resume_generation(
             "generated_ids": stored.token_ids,
             "text": text,
         }
-        params = SamplingParams.from_request(request)
+        params = _sampling_params(request)
         run.generation = model.resume(backend_state, params, should_stop=faults.slowed(cancelled.is_set))
         logger.info(
             "task %s resumed after %d output tokens, seed %d",
@@ -459,13 +459,19 @@ def _resume_generation(
         return _fail(run, runtime_problem(exc), sources=[S.RUNNING])
 
 
+def _sampling_params(request: Mapping[str, Any]) -> SamplingParams:
+    """What the sampler is asked for, with the grammar of the request's output format (rebuilt from the
+    stored request on every run and resume: the grammar is not stored)."""
+    return replace(SamplingParams.from_request(request), grammar=response_formats.format_grammar(request))
+
+
 def _submit(run: _Run, model: LoadedModel) -> RowStream:
     assert run.generation is not None
     return engine_for(model, worker=run.worker, model_name=run.model_name).submit(run.generation)
 
 
 def _generate(run: _Run, model: LoadedModel, request: Mapping[str, Any], cancelled: threading.Event) -> str:
-    params = SamplingParams.from_request(request)
+    params = _sampling_params(request)
     prompt_ids = model.prompt_ids(request)
     run.generation = model.generate(prompt_ids, params, should_stop=faults.slowed(cancelled.is_set))
     # Taken before the engine has the generation; the prefill then overlaps the start's commit.

@@ -49,8 +49,10 @@ from tasks_app.prometheus import (
     CANCEL_LATENCY,
     CLAIM_TO_FIRST_TOKEN,
     ENGINE_BATCH_ROWS,
+    ENGINE_CONSTRAINED_ROWS,
     ENGINE_KV_BUDGET,
     ENGINE_KV_BYTES,
+    ENGINE_MASK_SECONDS,
     ENGINE_MAX_BATCH,
     ENGINE_PREFILL_SECONDS,
     ENGINE_PREFILL_TOKENS,
@@ -374,6 +376,11 @@ class EngineMetrics:
         with self._lock:
             self._window_tokens += rows
         self._observe((ENGINE_BATCH_ROWS, rows), (ENGINE_STEP_SECONDS, seconds))
+
+    @_never_raises
+    def masks(self, *, rows: int, seconds: float) -> None:
+        """A decode step's grammar masks: its constrained rows, and the time the masks took beside the model."""
+        self._observe((ENGINE_CONSTRAINED_ROWS, rows), (ENGINE_MASK_SECONDS, seconds))
 
     @_never_raises
     def prefill(self, *, tokens: int, seconds: float) -> None:

@@ -15,7 +15,7 @@ from django.urls import path, reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.http import urlencode
 
-from tasks_app import selectors, states
+from tasks_app import response_formats, selectors, states
 from tasks_app.admin.access import ReadOnlyAdmin, post_only
 from tasks_app.admin.bounded_counts import BoundedCountAdmin
 from tasks_app.admin.display import admin_link, json_column, task_events_changelist_url, task_link
@@ -121,7 +121,7 @@ class TaskAdmin(BoundedCountAdmin, ReadOnlyAdmin):
             },
         ),
         ("Worker", {"fields": ("worker", "batch_peers", "heartbeat_at", "cancel_requested_at")}),
-        ("Request", {"fields": ("request_json",)}),
+        ("Request", {"fields": ("output_constraint", "request_json")}),
         ("Error", {"fields": ("error_json",)}),
         ("Snapshot", {"fields": ("snapshot_summary",)}),
     )
@@ -170,6 +170,10 @@ class TaskAdmin(BoundedCountAdmin, ReadOnlyAdmin):
         return admin_link(task.response)
 
     request_json = json_column("response.request", "request")
+
+    @admin.display(description="output constraint")
+    def output_constraint(self, task: Task) -> str:
+        return response_formats.format_summary(task.response.request)
 
     error_json = json_column("error", "error")
 

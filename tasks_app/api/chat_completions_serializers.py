@@ -189,9 +189,9 @@ class JsonSchemaFormatSerializer(StrictSerializer):
 
 
 class ResponseFormatSerializer(StrictSerializer):
-    type = documented_as(StrictChoiceField, {"type": "string", "enum": ["text"]})(
+    type = StrictChoiceField(
         choices=request_surface.TEXT_FORMAT_TYPES,
-        help_text="Only `text` until structured output lands: the others are `unsupported_parameter`.",
+        help_text="`json_object` and `json_schema` are enforced by constrained decoding (docs/structured-output.md).",
     )
     json_schema = JsonSchemaFormatSerializer(required=False)
 

@@ -550,18 +550,23 @@ FORMAT_NAME = RegexValidator(r"^[a-zA-Z0-9_-]{1,64}\Z", "letters, digits, _ and 
 
 
 class TextFormatSerializer(StrictSerializer):
-    type = documented_as(StrictChoiceField, {"type": "string", "enum": ["text"]})(
+    type = StrictChoiceField(
         choices=request_surface.TEXT_FORMAT_TYPES,
-        help_text="Only `text` until structured output lands: the others are `unsupported_parameter`.",
+        help_text="`json_object` and `json_schema` are enforced by constrained decoding (docs/structured-output.md).",
     )
-    name = StrictCharField(required=False, max_length=64, validators=[FORMAT_NAME])
-    schema = LooseObjectField(required=False)
+    name = StrictCharField(
+        required=False, max_length=64, validators=[FORMAT_NAME], help_text="Required with `json_schema`."
+    )
+    schema = LooseObjectField(
+        required=False,
+        help_text="A JSON Schema; one the grammar engine cannot compile is `invalid_request` naming the reason.",
+    )
     strict = StrictBooleanField(required=False, allow_null=True)
     description = StrictCharField(required=False, allow_blank=True, trim_whitespace=False)
 
 
 class TextConfigSerializer(StrictSerializer):
-    """``text``: the output's format (only plain text until structured output lands) and verbosity."""
+    """``text``: the output's format (plain text, or JSON enforced by constrained decoding) and verbosity."""
 
     format = TextFormatSerializer(required=False)
     verbosity = documented_as(StrictChoiceField, {"type": "string", "enum": ["medium"]})(

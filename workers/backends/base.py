@@ -46,6 +46,9 @@ class SamplingParams:
     seed: int | None = None
     max_output_tokens: int | None = None
     stop: tuple[str, ...] = ()
+    grammar: str | None = None
+    """An llguidance grammar the output must follow (``workers.backends.constraints``); None: free text.
+    The service builds it from the request (``tasks_app.response_formats``), never this class."""
 
     @classmethod
     def from_request(cls, request: Mapping[str, Any]) -> SamplingParams:
@@ -162,6 +165,9 @@ class EngineObserver:
 
     def prefill(self, *, tokens: int, seconds: float) -> None:
         """One prefill call of a joining row."""
+
+    def masks(self, *, rows: int, seconds: float) -> None:
+        """The masks of a step's ``rows`` constrained rows took ``seconds`` (beside the session call)."""
 
     def queue_wait(self, seconds: float) -> None:
         """A row waited this long from its submission to its admission."""

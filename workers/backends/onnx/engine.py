@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from workers.backends.base import Chunk, EngineObserver, Step
+from workers.backends.constraints import MaskPlanner
 from workers.backends.errors import GenerationError
 from workers.backends.onnx.kv_batch import CacheOps, KVBatch
 from workers.backends.onnx.kv_decoder import prompt_calls
@@ -161,6 +162,7 @@ class BatchEngine:
         self._drain_deadline: float | None = None
         self._step_seconds = 0.0
         self._slice = 16
+        self._masks: MaskPlanner | None = None
         self._thread = threading.Thread(target=self._loop, name=f"lmsp-engine-{model.name}", daemon=True)
         self._thread.start()
 
@@ -253,6 +255,8 @@ class BatchEngine:
                 self._closed, self._broken = True, error
             self._fail_all(error)
         finally:
+            if self._masks is not None:
+                self._masks.close()
             self.observer.close()
 
     def _iterate(self) -> bool:
@@ -316,28 +320,40 @@ class BatchEngine:
             stopping = [row for row in group.rows if row.stream.stopped.is_set() or row.generation.stop_requested()]
             if stopping:
                 self._leave(group, stopping)
-            if not group.rows:
-                continue
-            rows = list(group.rows)
-            ids = np.array([[row.generation.generated_ids[-1]] for row in rows], dtype=np.int64)
-            try:
-                logits = group.batch.feed(ids, want_logits=True)
-            except GenerationError as exc:
-                for row in rows:
-                    row.stream.put(Chunk.failed(exc))
-                self._groups.remove(group)
-                self._readmit()
-                continue
-            assert logits is not None
-            stepped += len(rows)
-            done = [row for row, row_logits in zip(rows, logits, strict=True) if not self._accept(row, row_logits, now)]
-            if done:
-                self._leave(group, done, emitted=True)
+            if group.rows:
+                stepped += self._step_group(group, now)
         if not stepped:
             return
         seconds = time.perf_counter() - started
         self._step_seconds = seconds if not self._step_seconds else 0.8 * self._step_seconds + 0.2 * seconds
         self.observer.step(rows=stepped, seconds=seconds)
+
+    def _step_group(self, group: _Group, now: float) -> int:
+        """One session call for ``group``'s rows, and their samples; the rows stepped."""
+        rows = list(group.rows)
+        ids = np.array([[row.generation.generated_ids[-1]] for row in rows], dtype=np.int64)
+        # The constrained rows' masks are computed while the session runs (llguidance drops the GIL).
+        constrained = [row.generation.constraint for row in rows if row.generation.constraint is not None]
+        masks = None
+        if constrained:
+            self._masks = self._masks or MaskPlanner()
+            masks = self._masks.start(constrained)
+        try:
+            logits = group.batch.feed(ids, want_logits=True)
+        except GenerationError as exc:
+            MaskPlanner.wait(masks)
+            for row in rows:
+                row.stream.put(Chunk.failed(exc))
+            self._groups.remove(group)
+            self._readmit()
+            return 0
+        assert logits is not None
+        if masks is not None:
+            self.observer.masks(rows=len(constrained), seconds=MaskPlanner.wait(masks))
+        done = [row for row, row_logits in zip(rows, logits, strict=True) if not self._accept(row, row_logits, now)]
+        if done:
+            self._leave(group, done, emitted=True)
+        return len(rows)
 
     def _accept(self, row: _Row, logits: np.ndarray, now: float) -> bool:
         """Sample ``row``'s next token; False when the row is over (its last chunk is out)."""

@@ -23,6 +23,7 @@ from workers.backends.base import (
     Step,
     StopCheck,
 )
+from workers.backends.constraints import OutputConstraint
 from workers.backends.detokenizer import StopFilter, StreamDetokenizer
 from workers.backends.errors import ContextTooLong, GenerationError
 from workers.backends.onnx.error_text import one_line
@@ -75,6 +76,12 @@ class OnnxGeneration:
             vocab_size=model.vocab_size,
         )
         self.seed = self.sampler.seed
+        # Rebuilt from the ids generated so far: a resumed row's grammar is where the interrupted one's was.
+        self.constraint = (
+            OutputConstraint(model.constraint_tokenizer(), params.grammar, generated_ids=self.generated_ids)
+            if params.grammar is not None
+            else None
+        )
         self.prompt_tokens = len(prompt_ids)
         room = model.context_length - len(prompt_ids)
         self.max_output_tokens = room if params.max_output_tokens is None else min(params.max_output_tokens, room)
@@ -229,7 +236,12 @@ class OnnxGeneration:
         Sets ``finish_reason`` when this token ends the generation; the next
         id to feed is otherwise ``generated_ids[-1]``.
         """
-        token = self.sampler.sample(logits)
+        constraint = self.constraint
+        if constraint is None:
+            token = self.sampler.sample(logits)
+        else:
+            token = self.sampler.sample(constraint.masked(logits))
+            constraint.consume(token)
         self.generated_ids.append(token)
         if token in self.model.eos_token_ids:
             return [Step(token, ""), *self._finish(FINISH_EOS, self.generated_ids[:-1])]

@@ -11,6 +11,7 @@ from typing import Any
 import onnxruntime as ort
 
 from workers.backends.base import EngineObserver, SamplingParams, StopCheck, droppable_items, request_messages
+from workers.backends.constraints import ConstraintTokenizer
 from workers.backends.errors import GenerationError, ModelLoadError
 from workers.backends.onnx.chat_template import ChatTemplate, tool_calls_as_text
 from workers.backends.onnx.engine import BatchEngine, automatic_kv_budget, kv_bytes_per_position
@@ -104,6 +105,7 @@ class OnnxModel:
         self.kv_bytes_per_position = kv_bytes_per_position(self)
         self._engine: BatchEngine | None = None
         self._engine_lock = threading.Lock()
+        self._constraint_tokenizer: ConstraintTokenizer | None = None
         self.last_row: LastRow | None = LastRow(
             self.graph.logits_type, self.device_type, device_id, where=self.where, gpu_mem_limit=self.gpu_mem_limit
         )
@@ -149,6 +151,21 @@ class OnnxModel:
     def _encode(self, request: Mapping[str, Any], dropped: int) -> list[int]:
         text = self.render_prompt(request, dropped=dropped)
         return list(self.tokenizer.encode(text, add_special_tokens=self._template is None).ids)
+
+    def constraint_tokenizer(self) -> ConstraintTokenizer:
+        """The tokenizer constrained rows mask with, built on the first constrained request.
+
+        Built on a task thread (tens of ms for a 150k vocabulary), never on the model thread; two
+        threads racing to build it both get a usable one.
+        """
+        if self._constraint_tokenizer is None:
+            self._constraint_tokenizer = ConstraintTokenizer(
+                self.folder / "tokenizer.json",
+                vocab_size=self.vocab_size,
+                eos_token_ids=sorted(self.eos_token_ids),
+                model=self.name,
+            )
+        return self._constraint_tokenizer
 
     # -- generation ---------------------------------------------------------
 
