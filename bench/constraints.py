@@ -3,7 +3,7 @@ with and without grammars at batch 8.
 
 1. Masks. A bench-only byte-level BPE tokenizer trained to Qwen's logits width
    (151,936; built once into ``--cache``, about a minute) stands in for a real
-   one: no model download here. For a JSON schema and a tool-call grammar,
+   one: no model download here. For a JSON schema and the tool grammars (required, auto),
    rows of 1 and 8 matchers walk random paths of the grammar (each step a
    token drawn from its own mask); timed per step: the masks computed
    (``fill_next_token_bitmask_par`` over all rows, as the engine's helper
@@ -42,6 +42,7 @@ sys.path.insert(0, str(REPO))
 
 from fixture_models.demo import build_demo_model  # noqa: E402
 from tasks_app.response_formats import format_grammar  # noqa: E402
+from tasks_app.tool_calls import FORMATS, tools_grammar  # noqa: E402
 from workers.backends.base import SamplingParams  # noqa: E402
 from workers.backends.constraints import ConstraintTokenizer, OutputConstraint  # noqa: E402
 from workers.backends.onnx.engine import BatchEngine  # noqa: E402
@@ -75,14 +76,10 @@ SEARCH_ARGS = {
     "required": ["query", "limit"],
     "additionalProperties": False,
 }
-TOOL_CALL = "\n".join(
-    [
-        'start: "<tool_call>\\n" call "\\n</tool_call>"',
-        "call: weather | search",
-        f'weather: "{{\\"name\\": \\"get_weather\\", \\"arguments\\": " %json{json.dumps(WEATHER_ARGS)} "}}"',
-        f'search: "{{\\"name\\": \\"search\\", \\"arguments\\": " %json{json.dumps(SEARCH_ARGS)} "}}"',
-    ]
-)
+TOOLS = [
+    {"type": "function", "name": "get_weather", "parameters": WEATHER_ARGS},
+    {"type": "function", "name": "search", "parameters": SEARCH_ARGS},
+]
 LONG_ARRAY = {"type": "array", "items": {"type": "string", "maxLength": 40}, "minItems": 400, "maxItems": 400}
 
 
@@ -147,7 +144,10 @@ def masks_bench(cache: Path, *, steps: int, seed: int) -> dict[str, Any]:
     built = time.perf_counter() - started
     grammars = {
         "json_schema": format_grammar({"text": {"format": {"type": "json_schema", "name": "w", "schema": WEATHER}}}),
-        "tool_call": llguidance.LLMatcher.grammar_from_lark(TOOL_CALL),
+        # The service's own grammars (tasks_app.tool_calls), Hermes/Qwen format: a call from the first token,
+        # and auto (free text, calls after the <tool_call> marker: a lazy trigger).
+        "tool_call": tools_grammar({"tools": TOOLS, "tool_choice": "required"}, FORMATS["hermes"], token_ids={}),
+        "tool_auto": tools_grammar({"tools": TOOLS, "tool_choice": "auto"}, FORMATS["hermes"], token_ids={}),
     }
     executor = llguidance.LLExecutor()
     rng = np.random.default_rng(seed)

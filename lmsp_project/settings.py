@@ -353,6 +353,13 @@ LMSP_RECOVER_INSPECT_SECONDS = float(os.environ.get("LMSP_RECOVER_INSPECT_SECOND
 LMSP_RECOVER_DISPATCH_SECONDS = float(os.environ.get("LMSP_RECOVER_DISPATCH_SECONDS", "2.0"))
 # Models kept loaded per worker process (least recently used goes first).
 LMSP_WORKER_MAX_MODELS = _env_int("LMSP_WORKER_MAX_MODELS", 2)
+# A model's tool-call family where its template does not say it (docs/tools.md): "name=family,..."
+# (a name without a tag covers all its tags), e.g. "my-llama=llama3_json".
+LMSP_TOOL_FORMATS = dict(
+    (name.strip(), family.strip())
+    for name, _, family in (pair.partition("=") for pair in os.environ.get("LMSP_TOOL_FORMATS", "").split(","))
+    if name.strip() and family.strip()
+)
 # ONNX Runtime intra-op threads per worker process (0: ONNX Runtime's default,
 # one per core; set it when several CPU workers share a machine).
 LMSP_INTRA_OP_THREADS = _env_int("LMSP_INTRA_OP_THREADS", 0)

@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from tasks_app import request_surface, response_formats
+from tasks_app import request_surface, response_formats, tool_calls
 from tasks_app.events import EventType
 from tasks_app.exceptions import (
     InvalidRequest,
@@ -24,6 +24,7 @@ from tasks_app.exceptions import (
     UnsupportedParameter,
     with_sdk_error,
 )
+from tasks_app.output_items import FUNCTION_CALL, has_function_calls
 from tasks_app.states import ResponseStatus
 from tasks_app.wire import usage_shown
 
@@ -77,7 +78,8 @@ def chat_request_to_response(data: Mapping[str, Any]) -> ChatRequest:
     if data.get("tools"):
         request["tools"] = [{"type": "function", **tool["function"]} for tool in data["tools"]]
     if data.get("tool_choice") is not None:
-        request["tool_choice"] = data["tool_choice"]
+        request["tool_choice"] = _tool_choice(data["tool_choice"])
+    tool_calls.tools_check(request, chat=True)
     text_format = response_formats.chat_response_format_as_text_format(data.get("response_format"))
     if text_format is not None:
         request["text"] = {"format": text_format}
@@ -90,8 +92,29 @@ def chat_request_to_response(data: Mapping[str, Any]) -> ChatRequest:
     return ChatRequest(request, stream, bool(options.get("include_usage")))
 
 
+def _tool_choice(choice: Any) -> Any:
+    """A chat ``tool_choice`` in the Responses shape the task stores."""
+    if isinstance(choice, str):
+        return choice
+    if choice.get("type") == "function":
+        return {"type": "function", "name": choice["function"]["name"]}
+    allowed = choice.get("allowed_tools")
+    if (
+        not isinstance(allowed, Mapping)
+        or allowed.get("mode") not in (tool_calls.AUTO, tool_calls.REQUIRED)
+        or not isinstance(allowed.get("tools"), list)
+        or not all(isinstance(tool, Mapping) and isinstance(tool.get("function"), Mapping) for tool in allowed["tools"])
+    ):
+        raise InvalidRequest(
+            "tool_choice allowed_tools must be {'type': 'allowed_tools', 'allowed_tools': {'mode': 'auto' or "
+            "'required', 'tools': [{'type': 'function', 'function': {'name': ...}}, ...]}}",
+            errors=[{"field": "tool_choice.allowed_tools", "message": "malformed"}],
+        )
+    names = [{"type": "function", "name": tool["function"].get("name")} for tool in allowed["tools"]]
+    return {"type": "allowed_tools", "mode": allowed["mode"], "tools": names}
+
+
 def _refuse_what_is_missing(data: Mapping[str, Any]) -> None:
-    request_surface.tools_check(tools=data.get("tools"), tool_choice=data.get("tool_choice"))
     checks = (
         ("n", (data.get("n") or 1) != 1, "only one choice is generated per request (n=1)"),
         ("store", data.get("store") is True, "stored chat completions are not built"),
@@ -181,7 +204,9 @@ def chat_id(response_id: str) -> str:
 
 
 def _finish_reason(response: Mapping[str, Any]) -> str:
-    return "length" if response["status"] == ResponseStatus.INCOMPLETE else "stop"
+    if response["status"] == ResponseStatus.INCOMPLETE:
+        return "length"
+    return "tool_calls" if has_function_calls(response.get("output")) else "stop"
 
 
 def chat_usage(usage: Mapping[str, Any] | None) -> dict[str, Any] | None:
@@ -232,6 +257,7 @@ def chat_completion_object(response: Mapping[str, Any]) -> dict[str, Any]:
         for part in item.get("content", ())
         if part.get("type") == "output_text"
     )
+    calls = [_chat_tool_call(item) for item in response["output"] if item.get("type") == FUNCTION_CALL]
     return {
         "id": chat_id(response["id"]),
         "object": "chat.completion",
@@ -240,7 +266,13 @@ def chat_completion_object(response: Mapping[str, Any]) -> dict[str, Any]:
         "choices": [
             {
                 "index": 0,
-                "message": {"role": "assistant", "content": text, "refusal": None, "tool_calls": None},
+                "message": {
+                    "role": "assistant",
+                    # OpenAI's: no text beside calls is null content.
+                    "content": text if text or not calls else None,
+                    "refusal": None,
+                    "tool_calls": calls or None,
+                },
                 "logprobs": None,
                 "finish_reason": _finish_reason(response),
             }
@@ -248,6 +280,15 @@ def chat_completion_object(response: Mapping[str, Any]) -> dict[str, Any]:
         "usage": chat_usage(response["usage"]),
         "service_tier": response.get("service_tier", "default"),
         "system_fingerprint": None,
+    }
+
+
+def _chat_tool_call(item: Mapping[str, Any]) -> dict[str, Any]:
+    """A ``function_call`` output item as a chat message's tool call."""
+    return {
+        "id": item["call_id"],
+        "type": "function",
+        "function": {"name": item["name"], "arguments": item["arguments"]},
     }
 
 
@@ -269,6 +310,8 @@ class ChatChunks:
         self.include_usage = include_usage
         self.finished = False
         self._head: dict[str, Any] = {}
+        # A function call item's place among the chat message's tool calls.
+        self._call_index: dict[str, int] = {}
 
     def feed(self, sse: bytes) -> bytes:
         """What to send for one chunk of the task's SSE body (frames, or a keepalive comment)."""
@@ -306,6 +349,14 @@ class ChatChunks:
             return self._chunk({"role": "assistant", "content": ""})
         if kind == EventType.OUTPUT_TEXT_DELTA:
             return self._chunk({"content": event["delta"]})
+        if kind == EventType.OUTPUT_ITEM_ADDED and event["item"]["type"] == FUNCTION_CALL:
+            item = event["item"]
+            index = self._call_index.setdefault(item["id"], len(self._call_index))
+            call = {"index": index, **_chat_tool_call(item)}
+            return self._chunk({"tool_calls": [call]})
+        if kind == EventType.FUNCTION_CALL_ARGUMENTS_DELTA and event["item_id"] in self._call_index:
+            fragment = {"index": self._call_index[event["item_id"]], "function": {"arguments": event["delta"]}}
+            return self._chunk({"tool_calls": [fragment]})
         if kind in (EventType.COMPLETED, EventType.INCOMPLETE, EventType.FAILED, EventType.CANCELLED):
             self.finished = True
             return self._end(event["response"])

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from tasks_app.states import ResponseStatus
-from tasks_app.wire import message_item, output_text_part, response_object
+from tasks_app.wire import function_call_item, message_item, output_text_part, response_object
 
 if TYPE_CHECKING:
     # Only a type here: models imports this module for its constraints.
@@ -37,6 +37,10 @@ class EventType(enum.StrEnum):
     """The item's text part opened, still empty."""
     OUTPUT_TEXT_DELTA = "response.output_text.delta"
     """A piece of generated text; the deltas of an attempt joined are its text."""
+    FUNCTION_CALL_ARGUMENTS_DELTA = "response.function_call_arguments.delta"
+    """A piece of a function call's arguments (PROFILE.md 10.4), as the model writes them."""
+    FUNCTION_CALL_ARGUMENTS_DONE = "response.function_call_arguments.done"
+    """A function call's name and whole arguments, once the call is written."""
     OUTPUT_TEXT_DONE = "response.output_text.done"
     """The item's whole text, once generation ended normally."""
     CONTENT_PART_DONE = "response.content_part.done"
@@ -152,9 +156,52 @@ def finished(response: Response) -> Event:
     return Event(_TERMINAL_OF[response.status], {"response": response_object(response)})
 
 
-def _head(item_id: str) -> dict[str, Any]:
-    # One message item with one text part: always output 0, content 0.
-    return {"item_id": item_id, "output_index": 0, "content_index": 0}
+def _head(item_id: str, output_index: int = 0) -> dict[str, Any]:
+    # A message item has one text part: always content 0. Without tools it is the only item: output 0.
+    return {"item_id": item_id, "output_index": output_index, "content_index": 0}
+
+
+# Output items of a run that may call tools (PROFILE.md 10.4): messages and function calls in the
+# order the model wrote them, each at its own output index.
+
+
+def message_opened(item_id: str, output_index: int) -> list[Event]:
+    return [
+        Event(E.OUTPUT_ITEM_ADDED, {"output_index": output_index, "item": message_item(item_id, None, "in_progress")}),
+        Event(E.CONTENT_PART_ADDED, {**_head(item_id, output_index), "part": output_text_part("")}),
+    ]
+
+
+def message_delta(item_id: str, output_index: int, text: str) -> Event:
+    return Event(E.OUTPUT_TEXT_DELTA, {**_head(item_id, output_index), "delta": text, "logprobs": []})
+
+
+def message_closed(item_id: str, output_index: int, text: str, item_status: str) -> list[Event]:
+    return [
+        Event(E.OUTPUT_TEXT_DONE, {**_head(item_id, output_index), "text": text, "logprobs": []}),
+        Event(E.CONTENT_PART_DONE, {**_head(item_id, output_index), "part": output_text_part(text)}),
+        Event(E.OUTPUT_ITEM_DONE, {"output_index": output_index, "item": message_item(item_id, text, item_status)}),
+    ]
+
+
+def call_opened(item_id: str, output_index: int, call_id: str, name: str) -> Event:
+    item = function_call_item(item_id, call_id, name, "", "in_progress")
+    return Event(E.OUTPUT_ITEM_ADDED, {"output_index": output_index, "item": item})
+
+
+def call_arguments_delta(item_id: str, output_index: int, delta: str) -> Event:
+    return Event(E.FUNCTION_CALL_ARGUMENTS_DELTA, {"item_id": item_id, "output_index": output_index, "delta": delta})
+
+
+def call_closed(
+    item_id: str, output_index: int, call_id: str, name: str, arguments: str, item_status: str
+) -> list[Event]:
+    done = {"item_id": item_id, "output_index": output_index, "name": name, "arguments": arguments}
+    item = function_call_item(item_id, call_id, name, arguments, item_status)
+    return [
+        Event(E.FUNCTION_CALL_ARGUMENTS_DONE, done),
+        Event(E.OUTPUT_ITEM_DONE, {"output_index": output_index, "item": item}),
+    ]
 
 
 # --------------------------------------------------------------------------- #

@@ -1,4 +1,5 @@
-"""Prefixed ULID identifiers (`task_`, `resp_`, `msg_`; webhooks: `whep_`, `whmsg_`, `evt_`).
+"""Prefixed ULID identifiers (`task_`, `resp_`, `msg_`, function calls `fc_` and `call_`; webhooks:
+`whep_`, `whmsg_`, `evt_`).
 
 A ULID is 48 bits of milliseconds and 80 random bits in Crockford base32, so
 ids sort by creation time; ordering lists by id is ordering by age. Within one
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import secrets
 import threading
 import time
 
@@ -21,6 +23,8 @@ _last_rand = 0
 TASK_PREFIX = "task_"
 RESPONSE_PREFIX = "resp_"
 MESSAGE_PREFIX = "msg_"
+FUNCTION_CALL_PREFIX = "fc_"
+CALL_PREFIX = "call_"
 WEBHOOK_ENDPOINT_PREFIX = "whep_"
 # A delivery's id is its `webhook-id` header: one per event and endpoint, the same on every attempt.
 WEBHOOK_DELIVERY_PREFIX = "whmsg_"
@@ -62,6 +66,21 @@ def new_response_id() -> str:
 
 def new_message_id() -> str:
     return MESSAGE_PREFIX + new_ulid()
+
+
+def new_function_call_id() -> str:
+    return FUNCTION_CALL_PREFIX + new_ulid()
+
+
+_CALL_ID_ALPHABET = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
+
+
+def new_call_id(length: int | None = None) -> str:
+    """A function call's ``call_id``: ``call_`` + ULID, or ``length`` letters and digits where a model family
+    reads only ids of that length back (Mistral's templates refuse any id but 9 alphanumerics)."""
+    if length is None:
+        return CALL_PREFIX + new_ulid()
+    return "".join(secrets.choice(_CALL_ID_ALPHABET) for _ in range(length))
 
 
 def new_webhook_endpoint_id() -> str:

@@ -38,14 +38,14 @@ from django.db import connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from tasks_app import events, faults, states
+from tasks_app import events, faults, output_items, states
 from tasks_app.db_locks import busy_as_unavailable, write_clock
 from tasks_app.events import Event
 from tasks_app.exceptions import TaskNotFound, TransitionNotAllowed
 from tasks_app.ids import new_response_id, new_task_id
 from tasks_app.models import Client, Response, Task, TaskEvent, TaskSnapshot, TaskType
 from tasks_app.notify import task_changed_on_commit, tasks_changed_on_commit
-from tasks_app.selectors import task_outputs_text
+from tasks_app.selectors import task_outputs_items
 from tasks_app.services.webhooks import TaskEnd, webhook_deliveries_enqueue
 from tasks_app.states import ResponseStatus, RestartPolicy, TaskStatus
 from tasks_app.wire import message_item
@@ -110,13 +110,20 @@ _VERB_OF: Mapping[Move, str] = {move: name for name, move in MOVES.items()}
 
 @dataclass(frozen=True)
 class Partial:
-    """What a stopped attempt keeps: its output item with the text its committed deltas hold, and its usage."""
+    """What a stopped attempt keeps: its output item with the text its committed deltas hold, and its usage.
+
+    A run that may call tools passes its ``items`` (messages and calls as
+    committed) instead: the open one is kept ``incomplete``.
+    """
 
     item_id: str
     text: str
     usage: Mapping[str, Any] | None = None
+    items: Sequence[output_items.OutputItem] | None = None
 
     def output(self) -> list[dict[str, Any]]:
+        if self.items is not None:
+            return output_items.stopped_output(self.items)
         return [message_item(self.item_id, self.text, "incomplete")] if self.text else []
 
 
@@ -354,16 +361,19 @@ def task_adopt(*, task_id: str, worker: str) -> TransitionResult:
 
 
 def task_start(
-    *, task_id: str, worker: str, item_id: str, snapshot: Mapping[str, Any] | None = None
+    *, task_id: str, worker: str, item_id: str | None, snapshot: Mapping[str, Any] | None = None
 ) -> TransitionResult:
     """``loading -> running``: ``response.in_progress`` and the empty output item and text part.
 
-    ``snapshot`` is the run's first snapshot row (with the prompt ids).
+    ``snapshot`` is the run's first snapshot row (with the prompt ids). A run
+    that may call tools passes no ``item_id``: its items open as the model
+    writes them (``output_items``).
     """
+    opened = [] if item_id is None else [events.output_item_added(item_id), events.content_part_added(item_id)]
     write = _Write(
         MOVES["task_start"],
         stamped=_BEAT,
-        events=[events.output_item_added(item_id), events.content_part_added(item_id)],
+        events=opened,
         opening=events.in_progress,
         snapshot=snapshot,
         holder=worker,
@@ -379,17 +389,21 @@ def task_progress(
     deltas: Sequence[str],
     output_tokens: int,
     snapshot: Mapping[str, Any] | None = None,
+    item_events: Sequence[Event] | None = None,
 ) -> TransitionResult:
     """A batch of text deltas while ``running``, with the snapshot row that accounts for them.
 
     Loses (``won`` False) once a cancel or another writer moved the task:
     that is how a worker learns of a cancel whose notification it missed.
+    A run that may call tools passes ``item_events`` (``output_items``:
+    items opened, text and argument deltas, items closed) instead of ``deltas``.
     """
+    written = list(item_events) if item_events is not None else [events.output_text_delta(item_id, t) for t in deltas]
     write = _Write(
         MOVES["task_progress"],
         task={"output_tokens": output_tokens},
         stamped=_BEAT,
-        events=[events.output_text_delta(item_id, text) for text in deltas],
+        events=written,
         snapshot=snapshot,
         holder=worker,
     )
@@ -411,14 +425,20 @@ def task_succeed(
     output_tokens: int,
     deltas: Sequence[str] = (),
     incomplete: bool = False,
+    items: output_items.OutputItems | None = None,
+    item_events: Sequence[Event] = (),
 ) -> TransitionResult:
     """``running -> succeeded``: the last deltas, the three ``*.done`` events and the terminal one.
 
     ``text`` is the whole output (the committed deltas and ``deltas``);
-    ``incomplete`` means the run stopped at ``max_output_tokens``.
+    ``incomplete`` means the run stopped at ``max_output_tokens``. A run that
+    may call tools passes its ``items`` (all closed) and the ``item_events``
+    not yet committed instead of ``text`` and ``deltas``.
     """
     status = ResponseStatus.INCOMPLETE if incomplete else ResponseStatus.COMPLETED
     item_status = "incomplete" if incomplete else "completed"
+    if items is not None:
+        return _apply(task_id, _succeeded_with_items(worker, status, items, item_events, usage, output_tokens))
     response = {
         "status": status,
         "output": [message_item(item_id, text, item_status)],
@@ -440,6 +460,31 @@ def task_succeed(
         holder=worker,
     )
     return _apply(task_id, write)
+
+
+def _succeeded_with_items(
+    worker: str,
+    status: ResponseStatus,
+    items: output_items.OutputItems,
+    item_events: Sequence[Event],
+    usage: Mapping[str, Any] | None,
+    output_tokens: int,
+) -> _Write:
+    response = {
+        "status": status,
+        "output": items.output(),
+        "usage": dict(usage) if usage is not None else None,
+        "incomplete_details": {"reason": "max_output_tokens"} if status == ResponseStatus.INCOMPLETE else None,
+    }
+    return _Write(
+        MOVES["task_succeed"],
+        task={"output_tokens": output_tokens},
+        stamped=_BEAT,
+        response=response,
+        events=list(item_events),
+        closing=events.finished,
+        holder=worker,
+    )
 
 
 def task_fail(
@@ -657,7 +702,7 @@ def _recovery_finish(moves: Sequence[RecoveryMove], rows: Mapping[str, Mapping[s
 
 def _recovery_end(moves: Sequence[RecoveryMove], rows: Mapping[str, Mapping[str, Any]], now: datetime) -> None:
     responses = Response.objects.in_bulk([rows[move.task_id]["response_id"] for move in moves])
-    outputs = task_outputs_text(task_ids=[move.task_id for move in moves if move.found in states.MAY_HAVE_OUTPUT])
+    outputs = task_outputs_items(task_ids=[move.task_id for move in moves if move.found in states.MAY_HAVE_OUTPUT])
     # Responses that get the same columns share one UPDATE (most have no output; a CASE per row costs more).
     groups: dict[str, tuple[dict[str, Any], list[str]]] = {}
     ended = []
@@ -667,8 +712,7 @@ def _recovery_end(moves: Sequence[RecoveryMove], rows: Mapping[str, Mapping[str,
         if move.error:
             columns["error"] = dict(move.error)
         if move.found in states.MAY_HAVE_OUTPUT:
-            item_id, text = outputs.get(move.task_id, (None, ""))
-            columns["output"] = Partial(item_id, text).output() if item_id else []
+            columns["output"] = output_items.stopped_output(outputs.get(move.task_id, []))
         for name, value in columns.items():
             setattr(response, name, value)
         group_key = json.dumps(columns, sort_keys=True, default=str)

@@ -98,6 +98,12 @@ BATCH_TOKENS = HistogramSpec(
     "Generated tokens one commit of a generation accounts for; the sum is every token committed.",
     (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 128, 256),
 )
+CONSTRAINT_FAILURES = HistogramSpec(
+    "lmsp_constraint_failure_output_tokens",
+    "Output tokens of a constrained generation when its constraint failed and failed the task (the grammar "
+    "erred or allowed no token, or a tool call broke): the count is the failures.",
+    (1, 4, 16, 64, 256, 1024, 4096, 16384),
+)
 WORKER_HISTOGRAMS: tuple[HistogramSpec, ...] = (
     TIME_TO_FIRST_TOKEN,
     CLAIM_TO_FIRST_TOKEN,
@@ -105,6 +111,7 @@ WORKER_HISTOGRAMS: tuple[HistogramSpec, ...] = (
     CANCEL_LATENCY,
     BATCH_EVENTS,
     BATCH_TOKENS,
+    CONSTRAINT_FAILURES,
 )
 
 # The batch engine's histograms, labelled by node and model. Step times from

@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from tasks_app import response_formats
-from tasks_app.exceptions import InvalidRequest, UnsupportedParameter
+from tasks_app import response_formats, tool_calls
+from tasks_app.exceptions import UnsupportedParameter
 
 # Input item types and content part types: what the chat template can carry, and OpenAI's others.
 SUPPORTED_ITEM_TYPES = ("message", "function_call", "function_call_output")
@@ -95,30 +95,6 @@ def _refuse(param: str, why: str) -> UnsupportedParameter:
     return UnsupportedParameter(f"{param}: {why}", param=param)
 
 
-def tools_check(*, tools: list[Mapping[str, Any]] | None, tool_choice: Any, param: str = "tools") -> None:
-    """Function tools are accepted only where they cannot act yet: with ``tool_choice: none``.
-
-    Until the model can emit calls (the tools issue), a tool it was offered
-    would be a constraint accepted and ignored. A ``tool_choice`` that names
-    a call or requires one without any tool is a contradiction, not a lack.
-    """
-    if tools:
-        if tool_choice != "none":
-            raise _refuse(
-                param,
-                "function tools are not supported yet (the model cannot call them); send no tools, "
-                "or tool_choice 'none'",
-            )
-        return
-    if tool_choice in (None, "none", "auto"):
-        return
-    choice_param = "tool_choice" if param == "tools" else param.replace("tools", "tool_choice")
-    raise InvalidRequest(
-        "tool_choice asks for a tool call, but the request has no tools",
-        errors=[{"field": choice_param, "message": "requires tools"}],
-    )
-
-
 def tool_type_check(tool: Any) -> None:
     """A hosted tool (run on OpenAI's side) is refused by name; only the client's own functions run here."""
     kind = tool.get("type") if isinstance(tool, Mapping) else None
@@ -129,7 +105,7 @@ def tool_type_check(tool: Any) -> None:
 
 def response_request_check(request: Mapping[str, Any]) -> None:
     """Refuse, by name, what a validated Responses request asks for and this service cannot do."""
-    tools_check(tools=request.get("tools"), tool_choice=request.get("tool_choice"))
+    tool_calls.tools_check(request)
     _text_check(request.get("text") or {})
     response_formats.format_check(request)
     for index, value in enumerate(request.get("include") or ()):

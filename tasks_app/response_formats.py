@@ -32,7 +32,7 @@ JSON_SCHEMA = "json_schema"
 STRUCTURED = (JSON_OBJECT, JSON_SCHEMA)
 
 # Compact JSON, whatever the schema's own "x-guidance" says: see the module docstring.
-_COMPILE_OPTIONS: dict[str, Any] = {"whitespace_flexible": False}
+COMPILE_OPTIONS: dict[str, Any] = {"whitespace_flexible": False}
 _ANY_OBJECT = {"type": "object"}
 
 
@@ -50,7 +50,7 @@ def _matcher() -> Any:
 
 def _schema_grammar(text_format: Mapping[str, Any]) -> str:
     schema = text_format.get("schema") if text_format["type"] == JSON_SCHEMA else _ANY_OBJECT
-    return _matcher().grammar_from_json_schema(schema, overrides=_COMPILE_OPTIONS)
+    return _matcher().grammar_from_json_schema(schema, overrides=COMPILE_OPTIONS)
 
 
 def format_grammar(request: Mapping[str, Any]) -> str | None:
@@ -90,16 +90,21 @@ def format_check(request: Mapping[str, Any], *, param: str = "text.format") -> N
             f"stop: a stop string would cut the JSON a structured format asks for; send no stop with {param} {kind}",
             param="stop",
         )
+    problem = schema_problem(text_format.get("schema") if kind == JSON_SCHEMA else _ANY_OBJECT)
+    if problem:
+        raise InvalidRequest(
+            f"the schema cannot be enforced: {problem}", errors=[{"field": schema_param, "message": problem}]
+        )
+
+
+def schema_problem(schema: Any) -> str | None:
+    """Why the grammar engine cannot enforce ``schema`` (on one line), or None when it can."""
     try:
-        grammar = _schema_grammar(text_format)
+        grammar = _matcher().grammar_from_json_schema(schema, overrides=COMPILE_OPTIONS)
         problem = _matcher().validate_grammar(grammar)
     except (ValueError, TypeError) as exc:
         problem = str(exc)
-    if problem:
-        reason = _one_line(problem)
-        raise InvalidRequest(
-            f"the schema cannot be enforced: {reason}", errors=[{"field": schema_param, "message": reason}]
-        )
+    return _one_line(problem) if problem else None
 
 
 def format_summary(request: Mapping[str, Any]) -> str:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.db.models import Count, F, Q, QuerySet
 
-from tasks_app import events, states
+from tasks_app import output_items, states
 from tasks_app.events import EventType
 from tasks_app.exceptions import (
     EventHistoryExpired,
@@ -21,7 +21,7 @@ from tasks_app.exceptions import (
 from tasks_app.models import Client, ModelRecord, Response, Task, TaskEvent, TaskSnapshot
 from tasks_app.querying import status_in
 from tasks_app.states import TaskStatus
-from tasks_app.wire import Live, message_item
+from tasks_app.wire import Live
 
 if TYPE_CHECKING:
     from tasks_app.auth import StreamReader
@@ -87,8 +87,8 @@ def response_live(*, response: Response) -> Live:
     if task.status == TaskStatus.QUEUED:
         return Live(queue_position=task_queue_positions(task_ids=[task.id]).get(task.id))
     if task.status in states.MAY_HAVE_OUTPUT:
-        item_id, text = task_output_text(task_id=task.id)
-        return Live(output=[message_item(item_id, text, "in_progress")] if item_id else [])
+        items = task_output_items(task_id=task.id)
+        return Live(output=[item.wire("in_progress") for item in items])
     return Live()
 
 
@@ -254,6 +254,8 @@ class StoredSnapshot:
     token_ids: list[int]
     sequence_number: int
     rows: int
+    raw_text: str = ""
+    """A run that may call tools: the model's own text as its rows hold it (``raw`` of each)."""
 
 
 def task_snapshot_get(*, task_id: str) -> StoredSnapshot | None:
@@ -269,6 +271,7 @@ def task_snapshot_get(*, task_id: str) -> StoredSnapshot | None:
         token_ids=[token for ids, _, _ in rows for token in ids],
         sequence_number=rows[-1][2],
         rows=len(rows),
+        raw_text="".join(state.get("raw", "") for _, state, _ in rows),
     )
 
 
@@ -284,47 +287,59 @@ def task_outcome_get(*, task_id: str) -> dict[str, Any] | None:
 
 
 def task_output_text(*, task_id: str) -> tuple[str | None, str]:
-    """The id of the current attempt's output item and the text its committed deltas hold.
+    """The id of the current attempt's output message and the text its committed deltas hold.
 
     The event log is what clients saw, so this is what a task that stops
     early keeps as its output, and what a resumed generation continues.
+    (A run that may call tools has several items: :func:`task_output_items`.)
     """
-    item_id, text = task_outputs_text(task_ids=[task_id]).get(task_id, (None, ""))
-    return item_id, text
+    items = task_outputs_items(task_ids=[task_id]).get(task_id, [])
+    message = next((item for item in items if item.type == output_items.MESSAGE), None)
+    return (message.id, message.text) if message is not None else (None, "")
 
 
-def task_outputs_text(*, task_ids: Sequence[str]) -> dict[str, tuple[str, str]]:
-    """:func:`task_output_text` of many tasks in two queries: ``{task id: (item id, text)}``.
+def task_output_items(*, task_id: str) -> list[output_items.OutputItem]:
+    """The current attempt's output items as its committed events show them (messages and calls)."""
+    return task_outputs_items(task_ids=[task_id]).get(task_id, [])
+
+
+def task_outputs_items(*, task_ids: Sequence[str]) -> dict[str, list[output_items.OutputItem]]:
+    """:func:`task_output_items` of many tasks in two queries: ``{task id: items}``.
 
     Tasks whose current attempt opened no output item (claimed, then
     cancelled or failed before its start) are left out, even when an earlier
-    attempt opened one: that text was dropped when the task ran again.
+    attempt opened one: that output was dropped when the task ran again.
     """
     if not task_ids:
         return {}
-    opened: dict[str, tuple[int, str]] = {}
     added = TaskEvent.objects.filter(
         task_id__in=task_ids, type=EventType.OUTPUT_ITEM_ADDED, sequence_number__gt=F("task__attempt_after")
     )
-    for task_id, sequence, payload in added.values_list("task_id", "sequence_number", "payload"):
-        if task_id not in opened or sequence > opened[task_id][0]:
-            opened[task_id] = (sequence, payload)
-    if not opened:
-        # None opened an item (claimed, then cancelled or failed before its start): no text to read.
+    first_of: dict[str, int] = {}
+    for task_id, sequence in added.values_list("task_id", "sequence_number"):
+        first_of[task_id] = min(sequence, first_of.get(task_id, sequence))
+    if not first_of:
+        # None opened an item (claimed, then cancelled or failed before its start): no output to read.
         return {}
-    texts: dict[str, list[str]] = {task_id: [] for task_id in opened}
-    # The earliest opening bounds every task's deltas, so the index skips older attempts' text.
-    first = min(sequence for sequence, _ in opened.values())
-    deltas = TaskEvent.objects.filter(
-        task_id__in=list(opened), type=EventType.OUTPUT_TEXT_DELTA, sequence_number__gt=first
+    payloads: dict[str, list[str]] = {task_id: [] for task_id in first_of}
+    # The earliest opening bounds every task's events, so the index skips older attempts' output.
+    rows = TaskEvent.objects.filter(
+        task_id__in=list(first_of), type__in=output_items.FOLDED, sequence_number__gte=min(first_of.values())
     ).order_by("task_id", "sequence_number")
-    for task_id, sequence, payload in deltas.values_list("task_id", "sequence_number", "payload").iterator():
-        if sequence > opened[task_id][0]:
-            texts[task_id].append(payload)
-    return {
-        task_id: (events.opened_item_id(payload), events.delta_text(texts[task_id]))
-        for task_id, (_, payload) in opened.items()
-    }
+    for task_id, sequence, payload in rows.values_list("task_id", "sequence_number", "payload").iterator():
+        if sequence >= first_of[task_id]:
+            payloads[task_id].append(payload)
+    return {task_id: output_items.fold(task_payloads) for task_id, task_payloads in payloads.items()}
+
+
+def task_outputs_text(*, task_ids: Sequence[str]) -> dict[str, tuple[str, str]]:
+    """:func:`task_output_text` of many tasks: ``{task id: (item id, text)}``."""
+    found = {}
+    for task_id, items in task_outputs_items(task_ids=task_ids).items():
+        message = next((item for item in items if item.type == output_items.MESSAGE), None)
+        if message is not None:
+            found[task_id] = (message.id, message.text)
+    return found
 
 
 # --------------------------------------------------------------------------- #
@@ -376,12 +391,13 @@ def model_names() -> list[str]:
 
 
 def response_output_text(*, response: Response) -> str:
-    """The text of a response's output items, as a client reads it."""
-    return events.output_text(response.output)
+    """The text of a response's output items (and its calls, ``output_items.shown_text``), as the admin shows it."""
+    return output_items.shown_text(response.output)
 
 
 def task_output_text_until(*, task_id: str, last_sequence: int) -> str:
-    """The current attempt's committed text as of event ``last_sequence``.
+    """The current attempt's committed output as of event ``last_sequence``, as the admin's page shows it
+    (``output_items.shown_text``: the text, and any calls).
 
     Bounded by the cursor, so a page that shows this text and then follows
     the stream from ``last_sequence`` neither repeats nor skips a delta, even
@@ -394,19 +410,20 @@ def task_output_text_until(*, task_id: str, last_sequence: int) -> str:
             sequence_number__gt=F("task__attempt_after"),
             sequence_number__lte=last_sequence,
         )
-        .order_by("-sequence_number")
+        .order_by("sequence_number")
         .values_list("sequence_number", flat=True)
         .first()
     )
     if opened is None:
         return ""
-    deltas = TaskEvent.objects.filter(
+    rows = TaskEvent.objects.filter(
         task_id=task_id,
-        type=EventType.OUTPUT_TEXT_DELTA,
-        sequence_number__gt=opened,
+        type__in=output_items.FOLDED,
+        sequence_number__gte=opened,
         sequence_number__lte=last_sequence,
     ).order_by("sequence_number")
-    return events.delta_text(deltas.values_list("payload", flat=True).iterator())
+    items = output_items.fold(rows.values_list("payload", flat=True).iterator())
+    return output_items.shown_text([item.wire("in_progress") for item in items])
 
 
 def task_events_latest(*, task_id: str, last_sequence: int, limit: int) -> list[TaskEvent]:

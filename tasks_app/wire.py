@@ -115,6 +115,18 @@ def message_item(item_id: str, text: str | None, status: str) -> dict[str, Any]:
     return {"id": item_id, "type": "message", "status": status, "role": "assistant", "content": content}
 
 
+def function_call_item(item_id: str, call_id: str, name: str, arguments: str, status: str) -> dict[str, Any]:
+    """A function call output item (PROFILE.md 10.4); ``arguments`` is the JSON text the model wrote."""
+    return {
+        "id": item_id,
+        "type": "function_call",
+        "status": status,
+        "call_id": call_id,
+        "name": name,
+        "arguments": arguments,
+    }
+
+
 def events_url(task_id: str) -> str:
     return f"/lmsp/v1/tasks/{task_id}/events"
 

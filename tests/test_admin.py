@@ -27,6 +27,7 @@ from tasks_app import lifecycle, selectors
 from tasks_app.admin import BoundedCountAdmin, TaskAdmin
 from tasks_app.exceptions import ServerRestarted
 from tasks_app.models import Client, IdempotencyKey, ModelRecord, Task, TaskEvent
+from tasks_app.output_items import OutputItems
 from tasks_app.services.idempotency import idempotency_claim
 from tasks_app.services.model_scan import model_scan
 from tasks_app.states import TaskStatus
@@ -275,6 +276,39 @@ def test_a_task_page_names_the_constraint_its_output_runs_under(admin_client, ne
         admin_client.get(task_url(shaped.id))
     )
     assert "none: free text" in page_text(admin_client.get(task_url(free.id)))
+
+
+def live_text(page: str) -> str:
+    """The output pane's text as the page's HTML has it."""
+    found = re.search(r'<pre id="lmsp-live-text"[^>]*>(.*?)</pre>', page, re.S)
+    assert found, "no output pane"
+    return found.group(1)
+
+
+def test_a_task_page_shows_its_calls_and_the_tools_it_runs_under(admin_client, make_client, demo_model):
+    owner, _ = make_client("caller")
+    tools = [{"type": "function", "name": "get_weather", "parameters": {"type": "object"}}]
+    request = {"model": "demo", "input": "Weather?", "tools": tools, "tool_choice": "required"}
+    task = lifecycle.task_insert(client=owner, request=request, model="demo")
+    assert lifecycle.task_claim(task_id=task.id, worker=WORKER).won
+    assert lifecycle.task_start(task_id=task.id, worker=WORKER, item_id=None).won
+    # As a worker writes them: text, then a call whose arguments are still being written.
+    items = OutputItems()
+    written = [*items.text("Checking."), *items.call_start("get_weather"), *items.call_arguments('{"city": "Pa')]
+    progress = lifecycle.task_progress(
+        task_id=task.id, worker=WORKER, item_id="", deltas=[], output_tokens=9, item_events=written
+    )
+    assert progress.won
+    page = page_text(admin_client.get(task_url(task.id)))
+    assert "tool_choice required over get_weather: calls enforced by a grammar" in page
+    assert live_text(page) == "Checking.\n\u2192 get_weather({&quot;city&quot;: &quot;Pa"
+    # Finished, the page shows the response's items the same way.
+    done = [*items.call_end('{"city": "Paris"}')]
+    assert lifecycle.task_succeed(
+        task_id=task.id, worker=WORKER, item_id="", text="", usage=None, output_tokens=12, items=items, item_events=done
+    ).won
+    finished = page_text(admin_client.get(task_url(task.id)))
+    assert live_text(finished) == "Checking.\n\u2192 get_weather({&quot;city&quot;: &quot;Paris&quot;})"
 
 
 def test_the_pages_text_stops_at_its_cursor_so_the_stream_adds_nothing_twice(new_task):

@@ -12,6 +12,7 @@ stored usage.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import re
 import subprocess
@@ -20,10 +21,12 @@ from pathlib import Path
 from typing import Any, Literal
 
 import agents
+import jsonschema
 import pytest
-from agents import Agent, ModelSettings, OpenAIChatCompletionsModel, OpenAIResponsesModel, Runner
+from agents import Agent, ModelSettings, OpenAIChatCompletionsModel, OpenAIResponsesModel, Runner, function_tool
 from langchain_openai import ChatOpenAI
 from openai import AsyncOpenAI
+from openai.lib._pydantic import to_strict_json_schema
 from pydantic import BaseModel, Field
 from pydantic_ai import Agent as PydanticAgent
 from pydantic_ai import NativeOutput
@@ -256,26 +259,26 @@ def stored_weather(response: Response) -> Weather:
     return Weather.model_validate_json(stored_text(response.id))
 
 
-async def agents_structured(base_url: str, token: str, kind: str) -> Any:
+async def agents_forecast(base_url: str, token: str, kind: str, **options: Any) -> Any:
+    """One ``Runner.run`` of a forecasting agent (``options``: the Agent's own) on the model class of ``kind``."""
     async with AsyncOpenAI(base_url=base_url, api_key=token, max_retries=0) as client:
         model: Any = (
             OpenAIResponsesModel(model=DEMO_MODEL, openai_client=client)
             if kind == "responses"
             else OpenAIChatCompletionsModel(model=DEMO_MODEL, openai_client=client)
         )
-        agent = Agent(
-            name="forecaster",
-            instructions=INSTRUCTIONS,
-            model=model,
-            model_settings=ModelSettings(max_tokens=TO_THE_END),
-            output_type=Weather,
-        )
+        agent = Agent(name="forecaster", instructions=INSTRUCTIONS, model=model, **options)
         return await Runner.run(agent, "What is the weather in Paris?")
 
 
 @pytest.mark.parametrize("kind", ["responses", "chat_completions"])
 def test_openai_agents_output_type_comes_back_as_the_pydantic_model(api, base_url, running_worker, kind):
-    result = drive(agents_structured, base_url, api.token, kind)
+    result = drive(
+        functools.partial(agents_forecast, output_type=Weather, model_settings=ModelSettings(max_tokens=TO_THE_END)),
+        base_url,
+        api.token,
+        kind,
+    )
 
     (stored,) = responses_of(api)
     assert isinstance(result.final_output, Weather)
@@ -285,16 +288,20 @@ def test_openai_agents_output_type_comes_back_as_the_pydantic_model(api, base_ur
     assert (text_format["type"], text_format["name"], text_format["strict"]) == ("json_schema", "final_output", True)
 
 
-@pytest.mark.parametrize("use_responses_api", [False, True], ids=["chat", "responses"])
-def test_langchain_with_structured_output_returns_the_pydantic_model(api, base_url, running_worker, use_responses_api):
-    llm = ChatOpenAI(
+def langchain_demo(base_url: str, token: str, use_responses_api: bool) -> ChatOpenAI:
+    return ChatOpenAI(
         base_url=base_url,
-        api_key=api.token,
+        api_key=token,
         model=DEMO_MODEL,
         max_tokens=TO_THE_END,
         max_retries=0,
         use_responses_api=use_responses_api,
     )
+
+
+@pytest.mark.parametrize("use_responses_api", [False, True], ids=["chat", "responses"])
+def test_langchain_with_structured_output_returns_the_pydantic_model(api, base_url, running_worker, use_responses_api):
+    llm = langchain_demo(base_url, api.token, use_responses_api)
 
     answer = llm.with_structured_output(Weather).invoke("What is the weather in Paris?")
 
@@ -315,6 +322,95 @@ def test_pydantic_ai_native_output_returns_the_pydantic_model(api, base_url, run
     assert isinstance(result.output, Weather)
     assert result.output == stored_weather(stored)
     assert stored.request["text"]["format"]["type"] == "json_schema"
+
+
+# --------------------------------------------------------------------------- #
+# Function tools (PROFILE.md 10.4), as each framework offers them
+# --------------------------------------------------------------------------- #
+
+CALLS: list[dict[str, str]] = []
+
+
+@function_tool
+def get_weather(city: Literal["Paris", "Oslo", "Lima"], unit: Literal["C", "F"]) -> str:
+    """The forecast for a city.
+
+    Args:
+        city: The city.
+        unit: Celsius or Fahrenheit.
+    """
+    CALLS.append({"city": city, "unit": unit})
+    return f"sunny in {city}, 21 {unit}"
+
+
+@pytest.mark.parametrize("kind", ["responses", "chat_completions"])
+def test_openai_agents_calls_a_function_tool_and_stops_on_its_result(api, base_url, running_worker, kind):
+    CALLS.clear()
+    tool_run = functools.partial(
+        agents_forecast,
+        tools=[get_weather],
+        # The SDK runs the tool the model called, and its result is the run's output.
+        tool_use_behavior="stop_on_first_tool",
+        model_settings=ModelSettings(tool_choice="required", parallel_tool_calls=False, max_tokens=TO_THE_END),
+    )
+    result = drive(tool_run, base_url, api.token, kind)
+
+    (stored,) = responses_of(api)
+    (call,) = stored.output
+    assert (call["type"], call["name"]) == ("function_call", "get_weather")
+    # The SDK ran the tool with the arguments the model wrote, and its result is the output.
+    assert CALLS == [json.loads(call["arguments"])]
+    assert result.final_output == f"sunny in {CALLS[0]['city']}, 21 {CALLS[0]['unit']}"
+    assert stored.request["tool_choice"] == "required"
+    assert stored.request["tools"][0]["strict"] is True
+
+
+@pytest.mark.parametrize("use_responses_api", [False, True], ids=["chat", "responses"])
+def test_langchain_bind_tools_returns_the_tool_call(api, base_url, running_worker, use_responses_api):
+    llm = langchain_demo(base_url, api.token, use_responses_api)
+
+    def get_time(zone: Literal["Europe/Paris", "Asia/Tokyo"]) -> str:
+        """The time in a zone."""
+        return "noon"
+
+    # strict: the schema gets additionalProperties false (left open, the demo model's word salad would
+    # add properties until the token limit).
+    answer = llm.bind_tools([get_time], tool_choice="get_time", strict=True).invoke("What time is it in Tokyo?")
+
+    (stored,) = responses_of(api)
+    (call,) = answer.tool_calls
+    assert call["name"] == "get_time" and call["args"]["zone"] in ("Europe/Paris", "Asia/Tokyo")
+    stored_call = next(item for item in stored.output if item["type"] == "function_call")
+    assert call["id"] == stored_call["call_id"] and call["args"] == json.loads(stored_call["arguments"])
+
+
+def test_chat_completions_with_tools_and_a_response_format_answer_one_or_the_other(api, base_url, running_worker):
+    async def ask() -> Any:
+        async with AsyncOpenAI(base_url=base_url, api_key=api.token, max_retries=0) as client:
+            return await client.chat.completions.create(
+                model=DEMO_MODEL,
+                messages=[{"role": "user", "content": "What is the weather in Paris?"}],
+                tools=[{"type": "function", "function": {"name": "get_weather", **_parameters(get_weather)}}],
+                response_format={
+                    "type": "json_schema",
+                    "json_schema": {"name": "weather", "schema": to_strict_json_schema(Weather), "strict": True},
+                },
+                max_tokens=TO_THE_END,
+            )
+
+    completion = drive(ask)
+    message = completion.choices[0].message
+    if message.tool_calls:
+        assert completion.choices[0].finish_reason == "tool_calls"
+        arguments = json.loads(message.tool_calls[0].function.arguments)
+        jsonschema.validate(arguments, get_weather.params_json_schema)
+    else:
+        assert completion.choices[0].finish_reason == "stop"
+        Weather.model_validate_json(message.content)
+
+
+def _parameters(tool: Any) -> dict[str, Any]:
+    return {"parameters": tool.params_json_schema}
 
 
 # --------------------------------------------------------------------------- #

@@ -148,16 +148,12 @@ def test_history_with_tool_calls_and_tool_results_is_accepted_and_rendered(sdk, 
         ({"logprobs": True}, "logprobs"),
         ({"logit_bias": {"5": 10}}, "logit_bias"),
         (
-            {"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]},
-            "tools",
-        ),
-        (
             {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
             "messages[0].content[0].type",
         ),
         ({"audio": {"voice": "alloy", "format": "mp3"}}, "audio"),
     ],
-    ids=["n", "store", "logprobs", "logit_bias", "tools", "image", "audio"],
+    ids=["n", "store", "logprobs", "logit_bias", "image", "audio"],
 )
 def test_what_cannot_be_honoured_is_refused_by_its_chat_name(transactional_db, sdk, fields, param):
     before = Task.objects.count()

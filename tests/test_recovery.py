@@ -63,6 +63,11 @@ def deltas(log: list[dict[str, Any]]) -> str:
     return "".join(e["delta"] for e in log if e["type"] == "response.output_text.delta")
 
 
+def reference_output_call_id(log: list[dict[str, Any]]) -> str:
+    """The call id the stream opened the call with (a resumed run keeps it)."""
+    return next(e["item"]["call_id"] for e in log if e["type"] == "response.output_item.added")
+
+
 def assert_contiguous_with_one_terminal(log: list[dict[str, Any]]) -> None:
     assert [e["sequence_number"] for e in log] == list(range(len(log)))
     terminal = [e for e in log if e["type"] in {"response.completed", "response.incomplete", "response.failed"}]
@@ -289,25 +294,53 @@ def test_a_task_cancelled_while_loading_whose_worker_died_is_recovered_with_the_
 LINES = {"type": "array", "items": {"type": "string", "maxLength": 40}, "minItems": 50, "maxItems": 50}
 
 
-@pytest.mark.parametrize("output", ["text", "json_schema"])
+# A tool call resumes mid-arguments: the parser reads the committed text again, the grammar its tokens.
+WRITE_LINES = {
+    "type": "function",
+    "name": "write_lines",
+    "parameters": {
+        "type": "object",
+        "properties": {"lines": LINES},
+        "required": ["lines"],
+        "additionalProperties": False,
+    },
+}
+
+
+def output_of(log: list[dict[str, Any]], output: str) -> str:
+    """What the stream showed of the output: the text deltas, or the call's argument deltas."""
+    if output != "tool_call":
+        return deltas(log)
+    return "".join(e["delta"] for e in log if e["type"] == "response.function_call_arguments.delta")
+
+
+def final_output(response: dict[str, Any], output: str) -> str:
+    item = response["output"][0]
+    return item["arguments"] if output == "tool_call" else item["content"][0]["text"]
+
+
+@pytest.mark.parametrize("output", ["text", "json_schema", "tool_call"])
 def test_resumed_generation_equals_an_uninterrupted_run_and_the_stream_stays_clean(lab: Lab, output: str):
     request: dict[str, Any] = {"temperature": 1.0, "top_p": 0.95, "seed": 4242}
     if output == "json_schema":
         # Greedy: a float32 graph resumes with one prefill, whose logits differ from the steps' by a few
         # 1e-6; a seeded draw at top_p's very edge can flip on that (docs/recovery.md), an argmax cannot.
         request = {"temperature": 0, "text": {"format": {"type": "json_schema", "name": "lines", "schema": LINES}}}
+    if output == "tool_call":
+        request = {"temperature": 0, "tools": [WRITE_LINES], "tool_choice": "required", "parallel_tool_calls": False}
     env = {**lab.env, "LMSP_TASK_QUEUE": lab.queue, "LMSP_STREAM_KEEPALIVE_SECONDS": "1"}
     with uvicorn_process(lab.env["DATABASE_URL"], env) as server:
         with lab.worker("reference") as worker:
             reference_id = lab.create("fail", tokens=LONG, **request)
             reference = lab.wait_for(reference_id, TERMINAL, worker)["response"]
-        expected = reference["output"][0]["content"][0]["text"]
+        expected = final_output(reference, output)
         assert reference["usage"]["output_tokens"] > 200  # long enough to be killed midway
 
         task_id = lab.create("resume", tokens=LONG, **request)
         with open_stream(server.base, f"/lmsp/v1/tasks/{task_id}/events", token=lab.api.token) as stream:
             with lab.worker("crashing") as worker:
-                first = stream.take(12)  # created, in_progress, two opening events, eight deltas
+                # created, in_progress, the opening events, then deltas (of the text, or of the call's arguments)
+                first = stream.take(12)
                 kill_process_group(worker.proc)
             assert Task.objects.get(pk=task_id).status == TaskStatus.RUNNING
             assert "running (to resume): 1" in lab.recover()
@@ -319,9 +352,9 @@ def test_resumed_generation_equals_an_uninterrupted_run_and_the_stream_stays_cle
     assert [event.id for event in seen] == list(range(len(seen)))
     stored = events(task_id)
     assert [json.loads(event.data) for event in seen] == stored
-    assert deltas(stored) == expected
+    assert output_of(stored, output) == expected
     result = lab.task(task_id)["response"]
-    assert result["output"][0]["content"][0]["text"] == expected
+    assert final_output(result, output) == expected
     assert result["usage"] == reference["usage"]
     assert Task.objects.get(pk=task_id).attempts == 2
     assert "adopted to resume" in worker.log()
@@ -329,6 +362,17 @@ def test_resumed_generation_equals_an_uninterrupted_run_and_the_stream_stays_cle
         # The grammar ended the array (the endless model never ends by itself) and the JSON holds.
         assert result["status"] == "completed"
         jsonschema.validate(json.loads(expected), LINES)
+    if output == "tool_call":
+        # Killed in the middle of the arguments, resumed: one call, the same one, whole.
+        assert "response.function_call_arguments.delta" in [json.loads(event.data)["type"] for event in first]
+        assert result["status"] == "completed"
+        (call,) = result["output"]
+        assert (call["type"], call["name"], call["call_id"]) == (
+            "function_call",
+            "write_lines",
+            reference_output_call_id(stored),
+        )
+        jsonschema.validate(json.loads(expected), WRITE_LINES["parameters"])
 
 
 # --------------------------------------------------------------------------- #

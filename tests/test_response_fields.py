@@ -332,6 +332,18 @@ ECHOED = [
         "tools-items-with-different-keys",
     ),
     case({"tool_choice": "auto"}, {"tool_choice": "auto", "tools": []}, "tool_choice-auto-without-tools"),
+    # Implemented (tests/test_tool_calls.py): echoed as sent.
+    case({"tools": [FUNCTION_TOOL]}, {"tools": [FUNCTION_TOOL], "tool_choice": "auto"}, "tools-function-default"),
+    case(
+        {"tools": [FUNCTION_TOOL], "tool_choice": {"type": "function", "name": "get_weather"}},
+        {"tools": [FUNCTION_TOOL], "tool_choice": {"type": "function", "name": "get_weather"}},
+        "tools-function-named",
+    ),
+    case(
+        {"tools": [FUNCTION_TOOL], "tool_choice": "required", "parallel_tool_calls": False},
+        {"tools": [FUNCTION_TOOL], "tool_choice": "required", "parallel_tool_calls": False},
+        "tools-function-required-one-call",
+    ),
     case({"tool_choice": "none"}, {"tool_choice": "none"}, "tool_choice-none-without-tools"),
     case({"parallel_tool_calls": False}, {"parallel_tool_calls": False}, "parallel_tool_calls-false"),
     case({"parallel_tool_calls": True}, {"parallel_tool_calls": True}, "parallel_tool_calls-true"),
@@ -538,24 +550,6 @@ HOSTED_TOOLS = [
 HOSTED = "tools*"
 
 REFUSED = [
-    pytest.param({"tools": [FUNCTION_TOOL]}, "tools", id="tools-function-tool_choice-default"),
-    pytest.param({"tools": [FUNCTION_TOOL], "tool_choice": "auto"}, "tools", id="tools-function-tool_choice-auto"),
-    pytest.param(
-        {"tools": [FUNCTION_TOOL], "tool_choice": "required"}, "tools", id="tools-function-tool_choice-required"
-    ),
-    pytest.param(
-        {"tools": [FUNCTION_TOOL], "tool_choice": {"type": "function", "name": "get_weather"}},
-        "tools",
-        id="tools-function-tool_choice-named",
-    ),
-    pytest.param(
-        {
-            "tools": [FUNCTION_TOOL],
-            "tool_choice": {"type": "allowed_tools", "mode": "auto", "tools": [{"type": "function", "name": "x"}]},
-        },
-        "tools",
-        id="tools-function-tool_choice-allowed_tools",
-    ),
     *[pytest.param({"tools": [tool]}, HOSTED, id=f"tools-hosted-{tool['type']}") for tool in HOSTED_TOOLS],
     pytest.param(
         {"tools": [FUNCTION_TOOL, {"type": "web_search"}], "tool_choice": "none"}, HOSTED, id="tools-hosted-second"

@@ -36,8 +36,9 @@ from typing import Any
 from django.conf import settings
 from django.db import DatabaseError, close_old_connections, connection
 
-from tasks_app import broker, faults, lifecycle, response_formats, states
+from tasks_app import broker, faults, lifecycle, response_formats, states, tool_calls
 from tasks_app.db_locks import is_database_unavailable
+from tasks_app.events import Event
 from tasks_app.exceptions import (
     BackendError,
     ContextLengthExceeded,
@@ -50,10 +51,18 @@ from tasks_app.exceptions import (
 )
 from tasks_app.ids import new_message_id
 from tasks_app.lifecycle import Partial, TransitionResult
-from tasks_app.selectors import StoredSnapshot, task_output_text, task_run_request, task_snapshot_get
+from tasks_app.output_items import OutputItems
+from tasks_app.selectors import (
+    StoredSnapshot,
+    task_output_items,
+    task_output_text,
+    task_run_request,
+    task_snapshot_get,
+)
 from tasks_app.services.dispatch import task_dispatch
 from tasks_app.services.recovery import BUSY, held_task_release
 from tasks_app.states import TaskStatus
+from tasks_app.tool_call_parser import CALL_ARGUMENTS, CALL_END, CALL_START, MalformedToolCall, Op, ToolCallParser
 from tasks_app.wire import usage_object
 from workers.backends.base import (
     FINISH_CANCELLED,
@@ -63,8 +72,9 @@ from workers.backends.base import (
     LoadedModel,
     RowStream,
     SamplingParams,
+    ToolPrompt,
 )
-from workers.backends.errors import ContextTooLong, ModelLoadError, PromptRejected, RuntimeFailure
+from workers.backends.errors import ConstraintFailed, ContextTooLong, ModelLoadError, PromptRejected, RuntimeFailure
 from workers.cancel_watcher import cancel_watcher
 from workers.engine import engine_for
 from workers.model_cache import model_cache
@@ -209,6 +219,38 @@ class Heartbeat:
 
 
 @dataclass
+class _ToolRun:
+    """A run whose model may call tools (PROFILE.md 10.4): its text read for calls as it comes, and the
+    output items (messages and calls) that reading makes, with their events not yet committed."""
+
+    parser: ToolCallParser
+    items: OutputItems
+    pending_events: list[Event] = field(default_factory=list)
+
+    def read(self, raw: str) -> None:
+        """Text the model wrote; raises ``MalformedToolCall`` for a call that breaks once opened."""
+        self._apply(self.parser.feed(raw))
+
+    def end(self, *, incomplete: bool) -> None:
+        """The generation ended: what the parser held is decided, and the item still open closes."""
+        self._apply(self.parser.finish())
+        if self.parser.call_open and not incomplete:
+            raise MalformedToolCall("the model's tool call is malformed: the output ended inside it")
+        self.pending_events += self.items.finish("incomplete" if incomplete else "completed")
+
+    def _apply(self, ops: list[Op]) -> None:
+        for kind, value in ops:
+            if kind == CALL_START:
+                self.pending_events += self.items.call_start(value)
+            elif kind == CALL_ARGUMENTS:
+                self.pending_events += self.items.call_arguments(value)
+            elif kind == CALL_END:
+                self.pending_events += self.items.call_end(value)
+            else:
+                self.pending_events += self.items.text(value)
+
+
+@dataclass
 class _Run:
     """The state of one generation as far as the event log knows it."""
 
@@ -229,6 +271,8 @@ class _Run:
     stored_tokens: int = 0
     prompt_stored: bool = False
     _snapshot_tokens: int = 0
+    tools: _ToolRun | None = None
+    """Set for a run whose model may call tools: its output is items, not one message."""
 
     def snapshot(self) -> dict[str, Any]:
         """The next snapshot row: new token ids and the small state (see ``TaskSnapshot``).
@@ -250,7 +294,11 @@ class _Run:
             if not self.prompt_stored:
                 state["prompt_ids"] = list(self.generation.prompt_ids)
         self._snapshot_tokens = self.stored_tokens + len(new_ids)
-        return {"token_ids": new_ids, "state": {"item_id": self.item_id, "backend": state}}
+        row_state: dict[str, Any] = {"item_id": self.item_id, "backend": state}
+        if self.tools is not None:
+            # The model's own text of this batch (markers and all): a resumed run's parser reads it again.
+            row_state["raw"] = "".join(self.pending)
+        return {"token_ids": new_ids, "state": row_state}
 
     def snapshot_stored(self) -> None:
         """The row from the last :meth:`snapshot` was committed."""
@@ -262,6 +310,10 @@ class _Run:
 
     def partial(self) -> Partial:
         """What the event log shows of this attempt, for a run that stops early."""
+        if self.tools is not None:
+            # Only what was committed: the items as the event log has them.
+            items = task_output_items(task_id=self.task_id)
+            return Partial(self.item_id, "", _usage(self.generation), items=items)
         return Partial(self.item_id, self.text(), _usage(self.generation))
 
     @property
@@ -393,6 +445,7 @@ def _run(task_id: str, worker: str, cancelled: threading.Event, heartbeat: Heart
             raise
         except Exception as exc:
             logger.exception("task %s: backend error", task_id)
+            _count_constraint_failure(run, exc)
             return _fail(run, runtime_problem(exc), sources=states.HELD & states.sources_for(S.FAILED))
 
 
@@ -425,6 +478,17 @@ def _resume(
             model = leased.enter_context(model_cache().lease(model_name))
         except Exception as exc:
             return _load_failure(run, exc, [S.RUNNING])
+        fmt = _tool_format(model, model_name)
+        if _calls_tools(request):
+            # The parser reads the committed text again (its reading does not depend on the cuts) and the
+            # items are the ones the event log shows: both as they were at the last commit.
+            text = stored.raw_text
+            run.tools = _ToolRun(
+                ToolCallParser(fmt, max_calls=tool_calls.tool_choice_of(request).max_calls),
+                OutputItems(task_output_items(task_id=task_id), call_id_length=fmt.call_id_length),
+            )
+            run.tools.parser.feed(text)
+            run.committed_text = [text]
         return _resume_generation(run, model, request, stored, text, cancelled)
 
 
@@ -443,7 +507,7 @@ def _resume_generation(
             "generated_ids": stored.token_ids,
             "text": text,
         }
-        params = _sampling_params(request)
+        params = _sampling_params(request, model, run.model_name)
         run.generation = model.resume(backend_state, params, should_stop=faults.slowed(cancelled.is_set))
         logger.info(
             "task %s resumed after %d output tokens, seed %d",
@@ -456,13 +520,48 @@ def _resume_generation(
         raise
     except Exception as exc:
         logger.exception("task %s: backend error", run.task_id)
+        _count_constraint_failure(run, exc)
         return _fail(run, runtime_problem(exc), sources=[S.RUNNING])
 
 
-def _sampling_params(request: Mapping[str, Any]) -> SamplingParams:
-    """What the sampler is asked for, with the grammar of the request's output format (rebuilt from the
-    stored request on every run and resume: the grammar is not stored)."""
-    return replace(SamplingParams.from_request(request), grammar=response_formats.format_grammar(request))
+def _count_constraint_failure(run: _Run, exc: BaseException) -> None:
+    if isinstance(exc, ConstraintFailed | MalformedToolCall):
+        run.metrics.constraint_failed(run.output_tokens)
+
+
+def _sampling_params(request: Mapping[str, Any], model: LoadedModel, model_name: str) -> SamplingParams:
+    """What the sampler is asked for, with the grammar of the request's tool choice or output format
+    (rebuilt from the stored request on every run and resume: the grammar is not stored)."""
+    params = SamplingParams.from_request(request)
+    if not tool_calls.function_tools(request):
+        return replace(params, grammar=response_formats.format_grammar(request))
+    fmt = _tool_format(model, model_name)
+    markers = model.single_token_ids([text for text in (fmt.start, fmt.end) if text])
+    grammar = tool_calls.tools_grammar(request, fmt, token_ids=markers)
+    return replace(params, grammar=grammar, kept_tokens=tuple(markers))
+
+
+def _tool_format(model: LoadedModel, model_name: str) -> tool_calls.ToolFormat:
+    """The model's tool-call family: set for it (``LMSP_TOOL_FORMATS``), else read off its template."""
+    chosen = settings.LMSP_TOOL_FORMATS.get(model_name) or settings.LMSP_TOOL_FORMATS.get(model_name.split(":")[0])
+    if chosen:
+        return tool_calls.tool_format_named(chosen)
+    return tool_calls.tool_format_of_template(model.chat_template_source)
+
+
+def _calls_tools(request: Mapping[str, Any]) -> bool:
+    """The request offers tools and lets the model call them (with ``none`` its output is one message)."""
+    return tool_calls.tool_choice_of(request).mode != tool_calls.NONE
+
+
+def _tool_prompt(request: Mapping[str, Any], model: LoadedModel, model_name: str) -> ToolPrompt | None:
+    shown = tool_calls.template_tools(request)
+    if not shown:
+        return None
+    fmt = _tool_format(model, model_name)
+    if not fmt.template_tools:
+        return ToolPrompt(tuple(shown), instruction=tool_calls.generic_instruction(shown))
+    return ToolPrompt(tuple(shown), in_system=fmt.tools_in_system)
 
 
 def _submit(run: _Run, model: LoadedModel) -> RowStream:
@@ -471,15 +570,23 @@ def _submit(run: _Run, model: LoadedModel) -> RowStream:
 
 
 def _generate(run: _Run, model: LoadedModel, request: Mapping[str, Any], cancelled: threading.Event) -> str:
-    params = _sampling_params(request)
-    prompt_ids = model.prompt_ids(request)
+    params = _sampling_params(request, model, run.model_name)
+    prompt_ids = model.prompt_ids(request, tools=_tool_prompt(request, model, run.model_name))
+    if _calls_tools(request):
+        fmt = _tool_format(model, run.model_name)
+        choice = tool_calls.tool_choice_of(request)
+        run.tools = _ToolRun(
+            ToolCallParser(fmt, max_calls=choice.max_calls), OutputItems(call_id_length=fmt.call_id_length)
+        )
     run.generation = model.generate(prompt_ids, params, should_stop=faults.slowed(cancelled.is_set))
     # Taken before the engine has the generation; the prefill then overlaps the start's commit.
     first = run.snapshot()
     stream = _submit(run, model)
+    # A run that may call tools opens its items as the model writes them.
+    opened = None if run.tools is not None else run.item_id
     try:
         started = _committed(
-            lifecycle.task_start, task_id=run.task_id, worker=run.worker, item_id=run.item_id, snapshot=first
+            lifecycle.task_start, task_id=run.task_id, worker=run.worker, item_id=opened, snapshot=first
         )
     except BaseException:
         stream.stop()
@@ -504,8 +611,16 @@ def _stream(run: _Run, stream: RowStream) -> str:
                 run.metrics.batch_started(chunk.first_at, chunk.output_tokens - chunk.tokens)
                 run.last_token_at = chunk.last_at
             run.chunk = chunk
-            run.pending.extend(step.text for step in chunk.steps if step.text)
+            texts = [step.text for step in chunk.steps if step.text]
+            run.pending.extend(texts)
             run.pending_tokens += chunk.tokens
+            if run.tools is not None and texts:
+                try:
+                    run.tools.read("".join(texts))
+                except MalformedToolCall as exc:
+                    stream.stop()
+                    _count_constraint_failure(run, exc)
+                    return _fail(run, BackendError(str(exc)).to_problem(), sources=[S.RUNNING])
             if chunk.final:
                 break
             lost = _commit_batch(run)
@@ -546,6 +661,7 @@ def _commit_batch(run: _Run) -> TransitionResult | None:
         deltas=run.pending,
         output_tokens=run.output_tokens,
         snapshot=run.snapshot(),
+        item_events=run.tools.pending_events if run.tools is not None else None,
     )
     if not result.won:
         run.metrics.generation_stopped(run.output_tokens, at=run.last_token_at or None)
@@ -555,6 +671,8 @@ def _commit_batch(run: _Run) -> TransitionResult | None:
     run.snapshot_stored()
     run.committed_text.extend(run.pending)
     run.pending, run.pending_tokens = [], 0
+    if run.tools is not None:
+        run.tools.pending_events = []
     return None
 
 
@@ -562,6 +680,8 @@ def _succeed(run: _Run) -> str:
     generation = run.generation
     assert generation is not None
     incomplete = generation.finish_reason == FINISH_LENGTH
+    if run.tools is not None:
+        return _succeed_with_items(run, run.tools, incomplete)
     done = _committed(
         lifecycle.task_succeed,
         task_id=run.task_id,
@@ -581,6 +701,40 @@ def _succeed(run: _Run) -> str:
         "task %s %s: %d output tokens (%s)", run.task_id, status, generation.output_tokens, generation.finish_reason
     )
     return str(status)
+
+
+def _succeed_with_items(run: _Run, tools: _ToolRun, incomplete: bool) -> str:
+    generation = run.generation
+    assert generation is not None
+    try:
+        tools.end(incomplete=incomplete)
+    except MalformedToolCall as exc:
+        _count_constraint_failure(run, exc)
+        return _fail(run, BackendError(str(exc)).to_problem(), sources=[S.RUNNING])
+    done = _committed(
+        lifecycle.task_succeed,
+        task_id=run.task_id,
+        worker=run.worker,
+        item_id=run.item_id,
+        text="",
+        usage=_usage(generation),
+        output_tokens=generation.output_tokens,
+        incomplete=incomplete,
+        items=tools.items,
+        item_events=tools.pending_events,
+    )
+    if not done.won:
+        return _after_lost_race(run, done)
+    run.metrics.batch_committed(events=len(done.events), tokens=run.pending_tokens)
+    logger.info(
+        "task %s %s: %d output tokens (%s), %d tool calls",
+        run.task_id,
+        done.task.response.status,
+        generation.output_tokens,
+        generation.finish_reason,
+        tools.parser.calls,
+    )
+    return str(done.task.response.status)
 
 
 def _cancelled(run: _Run) -> str:

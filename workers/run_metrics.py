@@ -48,6 +48,7 @@ from tasks_app.prometheus import (
     BATCH_TOKENS,
     CANCEL_LATENCY,
     CLAIM_TO_FIRST_TOKEN,
+    CONSTRAINT_FAILURES,
     ENGINE_BATCH_ROWS,
     ENGINE_CONSTRAINED_ROWS,
     ENGINE_KV_BUDGET,
@@ -332,6 +333,11 @@ class RunMetrics:
         # Both are commit times of the database rows; written by different hosts' clocks.
         latency = (task.updated_at - task.cancel_requested_at).total_seconds()
         recorder().observe(CANCEL_LATENCY, self.node, max(0.0, latency))
+
+    @_never_raises
+    def constraint_failed(self, output_tokens: int) -> None:
+        """The run's output constraint failed it (a grammar error, no token left, a broken tool call)."""
+        recorder().observe(CONSTRAINT_FAILURES, self.node, output_tokens)
 
     @_never_raises
     def run_ended(self) -> None:

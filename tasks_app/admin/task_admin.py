@@ -15,7 +15,7 @@ from django.urls import path, reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.http import urlencode
 
-from tasks_app import response_formats, selectors, states
+from tasks_app import response_formats, selectors, states, tool_calls
 from tasks_app.admin.access import ReadOnlyAdmin, post_only
 from tasks_app.admin.bounded_counts import BoundedCountAdmin
 from tasks_app.admin.display import admin_link, json_column, task_events_changelist_url, task_link
@@ -173,7 +173,11 @@ class TaskAdmin(BoundedCountAdmin, ReadOnlyAdmin):
 
     @admin.display(description="output constraint")
     def output_constraint(self, task: Task) -> str:
-        return response_formats.format_summary(task.response.request)
+        request = task.response.request
+        if tool_calls.function_tools(request):
+            # The tools' grammar holds the format too (an auto choice's answer is that JSON).
+            return f"{tool_calls.tools_summary(request)}; output format {response_formats.format_summary(request)}"
+        return response_formats.format_summary(request)
 
     error_json = json_column("error", "error")
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from drf_spectacular.utils import extend_schema_serializer
+from drf_spectacular.utils import PolymorphicProxySerializer, extend_schema_serializer
 from rest_framework import serializers
 
 from tasks_app.api.schema_annotations import EVENT_TYPES
@@ -107,6 +107,28 @@ class OutputMessageSchema(serializers.Serializer):
     content = OutputTextSchema(many=True)
 
 
+@extend_schema_serializer(component_name="OutputFunctionCall")
+class OutputFunctionCallSchema(serializers.Serializer):
+    """A call of one of the request's function tools (PROFILE.md 10.4, docs/tools.md)."""
+
+    id = serializers.CharField(help_text="`fc_` + ULID.")
+    type = serializers.ChoiceField(choices=["function_call"])
+    status = serializers.ChoiceField(choices=["in_progress", "completed", "incomplete"])
+    call_id = serializers.CharField(
+        help_text="`call_` + ULID (9 letters and digits for a Mistral model): the id its output is sent back with."
+    )
+    name = serializers.CharField()
+    arguments = serializers.CharField(help_text="The arguments as JSON text (empty while none are written).")
+
+
+OUTPUT_ITEM = PolymorphicProxySerializer(
+    component_name="OutputItem",
+    serializers={"message": OutputMessageSchema, "function_call": OutputFunctionCallSchema},
+    resource_type_field_name="type",
+    many=True,
+)
+
+
 @extend_schema_serializer(component_name="IncompleteDetails")
 class IncompleteDetailsSchema(serializers.Serializer):
     reason = serializers.ChoiceField(choices=["max_output_tokens"])
@@ -124,7 +146,7 @@ class ResponseSchema(serializers.Serializer):
     created_at = serializers.IntegerField(help_text="Unix seconds.")
     status = serializers.ChoiceField(choices=ResponseStatus.values)
     model = serializers.CharField()
-    output = OutputMessageSchema(many=True)
+    output = OUTPUT_ITEM
     usage = UsageSchema(allow_null=True)
     error = ProblemSchema(allow_null=True, help_text="Set when `status` is `failed`.")
     incomplete_details = IncompleteDetailsSchema(allow_null=True)
@@ -292,11 +314,20 @@ def stream_event_schema() -> dict[str, Any]:
                 **ref("Response"),
                 "description": "On `response.created`, `response.in_progress` and the terminal events.",
             },
-            "item": ref("OutputMessage"),
+            "item": {"oneOf": [ref("OutputMessage"), ref("OutputFunctionCall")]},
             "item_id": {"type": "string"},
             "output_index": {"type": "integer"},
             "content_index": {"type": "integer"},
-            "delta": {"type": "string", "description": "On `response.output_text.delta`: the next text."},
+            "delta": {
+                "type": "string",
+                "description": "On `response.output_text.delta`: the next text; on "
+                "`response.function_call_arguments.delta`: the next piece of the call's arguments.",
+            },
+            "name": {"type": "string", "description": "On `response.function_call_arguments.done`: the tool."},
+            "arguments": {
+                "type": "string",
+                "description": "On `response.function_call_arguments.done`: the whole arguments (JSON text).",
+            },
             "text": {"type": "string", "description": "On `response.output_text.done`: the whole text."},
             "logprobs": {
                 "type": "array",

@@ -190,8 +190,9 @@ class ChatCompletionsOperations(APIView):
         "`finish_reason`, with `stream_options.include_usage` one with `usage` and no choices, or a "
         '`data: {"error": ...}` line for a failure), then `data: [DONE]`. A client that disconnects '
         "cancels the generation. What a field asks for that this service cannot do is "
-        "`400 unsupported_parameter` naming the field (`n` > 1, `store: true`, `logprobs`, non-text "
-        "`response_format`, function tools the model cannot call yet, image or audio parts, ...). "
+        "`400 unsupported_parameter` naming the field (`n` > 1, `store: true`, `logprobs`, "
+        "image or audio parts, ...). Function tools come back as `message.tool_calls` "
+        "(streamed as `delta.tool_calls` fragments) with `finish_reason: tool_calls`. "
         "`Idempotency-Key` is refused: retries that must not run twice use `POST /responses`.",
         request=ChatCompletionRequestSerializer,
         responses={

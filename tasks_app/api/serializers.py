@@ -652,8 +652,9 @@ class ResponseRequestSerializer(StrictSerializer):
         required=False,
         allow_null=True,
         max_length=MAX_TOOLS,
-        help_text="Function tools. Until the model can call them, only with `tool_choice: none` "
-        "(else `unsupported_parameter`); hosted tools are refused.",
+        help_text="Function tools (PROFILE.md 10.4, docs/tools.md): shown to the model through its chat template; "
+        "its calls come back as `function_call` items, enforced by constrained decoding (the name among the "
+        "tools `tool_choice` allows, the arguments by `parameters`). Hosted tools are refused.",
     )
     tool_choice = ToolChoiceField(required=False, allow_null=True)
     parallel_tool_calls = StrictBooleanField(required=False, allow_null=True)

@@ -49,6 +49,9 @@ class SamplingParams:
     grammar: str | None = None
     """An llguidance grammar the output must follow (``workers.backends.constraints``); None: free text.
     The service builds it from the request (``tasks_app.response_formats``), never this class."""
+    kept_tokens: tuple[str, ...] = ()
+    """Special tokens whose text the output keeps (a family's tool-call markers, for its parser);
+    every other special token is left out of the text, as always."""
 
     @classmethod
     def from_request(cls, request: Mapping[str, Any]) -> SamplingParams:
@@ -216,6 +219,18 @@ class Generation(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class ToolPrompt:
+    """How a request's tools reach the prompt (the service decides it from the model's family)."""
+
+    tools: tuple[Mapping[str, Any], ...] = ()
+    """Hugging Face's shape (``{"type": "function", "function": {...}}``), for the template's ``tools``."""
+    in_system: bool = False
+    """Give them as JSON text in the system message's ``tools`` (Phi-4-mini's template reads them there)."""
+    instruction: str | None = None
+    """A system text that offers them instead, for a template that knows no tools."""
+
+
 class LoadedModel(Protocol):
     """A model ready to generate; cached per worker process."""
 
@@ -223,9 +238,15 @@ class LoadedModel(Protocol):
     """The execution provider the session really got, e.g. ``CPUExecutionProvider``."""
     resumable: bool
     context_length: int
+    chat_template_source: str | None
+    """The chat template's text (a tool-call family is read off it); None without a template."""
 
-    def prompt_ids(self, request: Mapping[str, Any]) -> list[int]:
-        """Render the request (instructions + input) with the chat template and tokenise it."""
+    def prompt_ids(self, request: Mapping[str, Any], *, tools: ToolPrompt | None = None) -> list[int]:
+        """Render the request (instructions + input, and ``tools``) with the chat template and tokenise it."""
+        ...
+
+    def single_token_ids(self, texts: Sequence[str]) -> dict[str, int]:
+        """Those of ``texts`` that are one token of this model's tokenizer, with its id."""
         ...
 
     def generate(self, prompt_ids: Sequence[int], params: SamplingParams, *, should_stop: StopCheck) -> Generation: ...

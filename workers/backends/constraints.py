@@ -10,7 +10,7 @@ min-p, the draw) then run on that row exactly as on any other, so a row's
 tokens do not depend on which rows share its batch. Once the grammar is
 complete and can take no more bytes, only the model's end-of-sequence ids
 are allowed. A constraint that fails (an error in the matcher, no token
-left) fails the row with a ``GenerationError``; it never goes on
+left) fails the row with a ``ConstraintFailed``; it never goes on
 unconstrained.
 
 A matcher cannot be serialised: a resumed generation builds a new one and
@@ -35,7 +35,7 @@ import llguidance
 import llguidance.numpy as llg_numpy
 import numpy as np
 
-from workers.backends.errors import GenerationError, ModelLoadError
+from workers.backends.errors import ConstraintFailed, ModelLoadError
 
 # An Earley parser over a hostile grammar can take long per token; these bound a mask's work
 # (llguidance's defaults, stated so that a release changing them does not change ours).
@@ -85,7 +85,7 @@ class OutputConstraint:
         self.mask_seconds = 0.0
         self._scores = np.empty(tokenizer.vocab_size, dtype=np.float32)
         if generated_ids and not self.matcher.consume_tokens([int(i) for i in generated_ids]):
-            raise GenerationError(
+            raise ConstraintFailed(
                 "the tokens generated before the restart do not satisfy the output constraint: "
                 + _first_line(self.matcher.get_error())
             )
@@ -93,7 +93,7 @@ class OutputConstraint:
 
     def _check(self, what: str) -> None:
         if self.matcher.is_error():
-            raise GenerationError(f"{what}: {_first_line(self.matcher.get_error())}")
+            raise ConstraintFailed(f"{what}: {_first_line(self.matcher.get_error())}")
 
     def fill(self) -> None:
         """Compute the mask for the next token now (on this thread)."""
@@ -114,13 +114,13 @@ class OutputConstraint:
         scores.fill(-np.inf)
         np.copyto(scores[:width], np.asarray(logits[:width], dtype=np.float32), where=allowed)
         if not np.isfinite(scores.max()):
-            raise GenerationError("the output constraint allows no token the model can produce here")
+            raise ConstraintFailed("the output constraint allows no token the model can produce here")
         return scores
 
     def consume(self, token: int) -> None:
         """The token sampled from :meth:`masked`'s row moves the grammar on."""
         if not self.matcher.consume_token(int(token)):
-            raise GenerationError(
+            raise ConstraintFailed(
                 f"the output constraint rejected token {token}: {_first_line(self.matcher.get_error())}"
             )
         self.consumed += 1

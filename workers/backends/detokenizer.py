@@ -25,18 +25,32 @@ class StreamDetokenizer:
     """Incremental detokeniser whose released text concatenates to ``decode(ids)``.
 
     The caller owns the id list and appends to it; :meth:`step` is called
-    after each append. Special tokens are skipped, as in the final decode.
+    after each append. Special tokens are skipped, as in the final decode, except the ``kept`` ones.
     """
 
-    def __init__(self, tokenizer: Tokenizer, *, prefix_offset: int = 0, read_offset: int = 0) -> None:
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        *,
+        prefix_offset: int = 0,
+        read_offset: int = 0,
+        kept: frozenset[int] = frozenset(),
+        special: frozenset[int] = frozenset(),
+    ) -> None:
         if not 0 <= prefix_offset <= read_offset:
             raise ValueError(f"bad detokenizer offsets: prefix {prefix_offset}, read {read_offset}")
         self.tokenizer = tokenizer
         self.prefix_offset = prefix_offset
         self.read_offset = read_offset
+        # Special tokens whose text stays (a tool-call marker, for the parser): the others are left out
+        # before decoding, which is what skip_special_tokens does.
+        self._kept = kept
+        self._dropped = special - kept
 
     def _decode(self, ids: Sequence[int]) -> str:
-        return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+        if not self._kept:
+            return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+        return self.tokenizer.decode([i for i in ids if i not in self._dropped], skip_special_tokens=False)
 
     def step(self, ids: Sequence[int]) -> str:
         """New final text after ``ids`` grew; empty while it ends inside a character."""

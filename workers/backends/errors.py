@@ -26,3 +26,8 @@ class GenerationError(RuntimeFailure):
 
 class ContextTooLong(GenerationError):
     """Raised when a prompt leaves the model no room for output (and the request may not be truncated)."""
+
+
+class ConstraintFailed(GenerationError):
+    """Raised when a row's output constraint fails (the grammar errs, or allows no token): the row fails,
+    it never goes on unconstrained."""

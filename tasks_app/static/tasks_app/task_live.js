@@ -103,11 +103,41 @@
     note("live output: connected");
   });
 
+  // A run that may call tools has several items: each after the first on a line of its own, a call
+  // as "→ name(arguments)" with its arguments as they stream (the server renders the same).
+  function append(text) {
+    pending.push(text);
+    pendingUpTo = newest;
+    schedule();
+  }
+
   source.addEventListener("response.output_item.added", function (event) {
-    if (fresh(event)) {
+    if (!fresh(event)) {
+      return;
+    }
+    var data = JSON.parse(event.data);
+    if (data.output_index === 0) {
+      // A new attempt's first item: the earlier attempt's output was dropped.
       pending = [];
       textEl.textContent = "";
       shown(newest);
+    } else {
+      append("\n");
+    }
+    if (data.item.type === "function_call") {
+      append("\u2192 " + data.item.name + "(");
+    }
+  });
+
+  source.addEventListener("response.function_call_arguments.delta", function (event) {
+    if (fresh(event)) {
+      append(JSON.parse(event.data).delta);
+    }
+  });
+
+  source.addEventListener("response.function_call_arguments.done", function (event) {
+    if (fresh(event)) {
+      append(")");
     }
   });
 

@@ -99,17 +99,19 @@ class ChatTemplate:
         self.model_name = folder.name
         self._template = _compile_template(source, folder)
         self._special_tokens = _template_tokens(tokenizer_config)
+        self.source = source
         # A template that never reads tool_calls would drop them from the prompt without a word.
         self.reads_tool_calls = "tool_calls" in source
 
-    def render(self, messages: Sequence[Mapping[str, Any]]) -> str:
-        """The messages as prompt text, ending with the assistant's turn (add_generation_prompt)."""
+    def render(self, messages: Sequence[Mapping[str, Any]], *, tools: Sequence[Mapping[str, Any]] | None = None) -> str:
+        """The messages as prompt text, ending with the assistant's turn (add_generation_prompt); ``tools``
+        in Hugging Face's shape, for a template that reads them."""
         if not self.reads_tool_calls:
             messages = tool_calls_as_text(messages)
         try:
             return self._template.render(
                 messages=messages,
-                tools=None,
+                tools=list(tools) if tools else None,
                 documents=None,
                 add_generation_prompt=True,
                 **self._special_tokens,

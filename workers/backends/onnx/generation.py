@@ -87,8 +87,13 @@ class OnnxGeneration:
         self.max_output_tokens = room if params.max_output_tokens is None else min(params.max_output_tokens, room)
         self.finish_reason: str | None = None
         self._should_stop = should_stop
+        kept = model.kept_token_ids(params.kept_tokens) if params.kept_tokens else frozenset()
         self._detokenizer = StreamDetokenizer(
-            model.tokenizer, prefix_offset=detokenizer_offsets[0], read_offset=detokenizer_offsets[1]
+            model.tokenizer,
+            prefix_offset=detokenizer_offsets[0],
+            read_offset=detokenizer_offsets[1],
+            kept=kept,
+            special=model.special_token_ids if kept else frozenset(),
         )
         self._stop_filter = StopFilter(params.stop, held=held_text, released_chars=len(text))
         self._text = [text] if text else []

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import json
 import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -10,7 +12,14 @@ from typing import Any
 
 import onnxruntime as ort
 
-from workers.backends.base import EngineObserver, SamplingParams, StopCheck, droppable_items, request_messages
+from workers.backends.base import (
+    EngineObserver,
+    SamplingParams,
+    StopCheck,
+    ToolPrompt,
+    droppable_items,
+    request_messages,
+)
 from workers.backends.constraints import ConstraintTokenizer
 from workers.backends.errors import GenerationError, ModelLoadError
 from workers.backends.onnx.chat_template import ChatTemplate, tool_calls_as_text
@@ -38,6 +47,23 @@ from workers.backends.sampling import SamplingDefaults
 log = logging.getLogger(__name__)
 
 DEFAULT_PREFILL_CHUNK = 512
+
+
+def _with_tools(
+    messages: list[dict[str, Any]], tools: ToolPrompt
+) -> tuple[list[dict[str, Any]], list[Mapping[str, Any]] | None]:
+    """The messages and the template's ``tools`` as the family takes them (see ``ToolPrompt``)."""
+    if tools.instruction is None and not tools.in_system:
+        return messages, list(tools.tools)
+    messages = [dict(m) for m in messages]
+    if not messages or messages[0]["role"] != "system":
+        messages.insert(0, {"role": "system", "content": ""})
+    system = messages[0]
+    if tools.instruction is not None:
+        system["content"] = "\n\n".join(part for part in (system["content"], tools.instruction) if part)
+        return messages, None
+    system["tools"] = json.dumps([tool["function"] for tool in tools.tools], ensure_ascii=False)
+    return messages, None
 
 
 class OnnxModel:
@@ -83,6 +109,7 @@ class OnnxModel:
         self.tokenizer = load_tokenizer(folder)
         template = read_template(folder, tokenizer_config)
         self._template = ChatTemplate(template, folder, tokenizer_config) if template else None
+        self.chat_template_source = template or None
         self.eos_token_ids = eos_ids(self.generation_config, self.config, tokenizer_config, self.tokenizer)
         self.context_length = context_length(self.config, genai, folder)
         self.defaults = SamplingDefaults.from_generation_config(self.generation_config)
@@ -122,15 +149,26 @@ class OnnxModel:
 
     # -- prompts ------------------------------------------------------------
 
-    def render_prompt(self, request: Mapping[str, Any], *, dropped: int = 0) -> str:
+    def render_prompt(self, request: Mapping[str, Any], *, dropped: int = 0, tools: ToolPrompt | None = None) -> str:
         """The request as the text the model was trained on (its chat template, add_generation_prompt)."""
         messages = request_messages(request, dropped=dropped)
+        shown = None
+        if tools is not None and tools.tools:
+            messages, shown = _with_tools(messages, tools)
         if self._template is None:
             flat = tool_calls_as_text(messages)
             return "".join(f"{m['role']}: {m['content']}\n" for m in flat) + "assistant:"
-        return self._template.render(messages)
+        return self._template.render(messages, tools=shown)
 
-    def prompt_ids(self, request: Mapping[str, Any]) -> list[int]:
+    def single_token_ids(self, texts: Sequence[str]) -> dict[str, int]:
+        found = {}
+        for text in texts:
+            token = self.tokenizer.token_to_id(text) if text else None
+            if token is not None and token < self.vocab_size:
+                found[text] = token
+        return found
+
+    def prompt_ids(self, request: Mapping[str, Any], *, tools: ToolPrompt | None = None) -> list[int]:
         """Render the request with the chat template and tokenise it.
 
         The template writes the special tokens itself, so the tokenizer adds
@@ -140,17 +178,26 @@ class OnnxModel:
         whole items from the start of the conversation until it fits (or
         only the newest is left: then it fails as any prompt too long does).
         """
-        ids = self._encode(request, 0)
+        ids = self._encode(request, 0, tools)
         if request.get("truncation") == "auto":
             dropped, limit = 0, droppable_items(request)
             while len(ids) >= self.context_length and dropped < limit:
                 dropped += 1
-                ids = self._encode(request, dropped)
+                ids = self._encode(request, dropped, tools)
         return ids
 
-    def _encode(self, request: Mapping[str, Any], dropped: int) -> list[int]:
-        text = self.render_prompt(request, dropped=dropped)
+    def _encode(self, request: Mapping[str, Any], dropped: int, tools: ToolPrompt | None = None) -> list[int]:
+        text = self.render_prompt(request, dropped=dropped, tools=tools)
         return list(self.tokenizer.encode(text, add_special_tokens=self._template is None).ids)
+
+    @functools.cached_property
+    def special_token_ids(self) -> frozenset[int]:
+        """The ids a decode with ``skip_special_tokens`` leaves out."""
+        return frozenset(i for i, token in self.tokenizer.get_added_tokens_decoder().items() if token.special)
+
+    def kept_token_ids(self, texts: Sequence[str]) -> frozenset[int]:
+        """The ids of the special tokens whose text a generation keeps (``SamplingParams.kept_tokens``)."""
+        return frozenset(self.single_token_ids(texts).values())
 
     def constraint_tokenizer(self) -> ConstraintTokenizer:
         """The tokenizer constrained rows mask with, built on the first constrained request.
