@@ -7,7 +7,9 @@ client. Left alone the demo model writes word salad and never a call, so a
 ``required`` or named call that parses, names an offered tool and whose
 arguments validate against its schema is the grammar's work, in the
 family's own format (read back by its parser). ``none`` never calls;
-``auto`` lets free text be a message. The call streams as argument deltas
+``auto`` lets free text be a message, and on a model scripted to write text
+and then two calls in Qwen2.5's format (``tests/support/scripted.py``) gives
+a message and two calls, each streamed as it comes. The call streams as argument deltas
 (Responses) and ``delta.tool_calls`` fragments (Chat), and the next turn
 sends the call's output back with ``previous_response_id`` through the same
 template. What cannot be enforced is refused by its field before anything
@@ -23,10 +25,12 @@ from pathlib import Path
 import jsonschema
 import openai
 import pytest
+from tokenizers import Tokenizer
 
 from tasks_app.models import Response, Task
 from tasks_app.services.model_scan import model_scan
 from tasks_app.tool_calls import FORMATS, tool_format_of_template
+from tests.support.scripted import scripted_model
 from tests.support.templates import FAMILY_TEMPLATES, family_template
 
 WEATHER_PARAMETERS = {
@@ -190,6 +194,100 @@ def test_a_call_cut_by_the_token_limit_is_incomplete_and_so_is_the_response(sdk,
     (call,) = response.output
     assert (call.type, call.name, call.status) == ("function_call", "write_note", "incomplete")
     assert call.arguments.startswith('{"note":"') and len(call.arguments) < 300
+
+
+# --------------------------------------------------------------------------- #
+# auto, on a model whose output is known
+# --------------------------------------------------------------------------- #
+
+# What a Qwen2.5 model writes when it answers with text and then two calls (its template's format).
+SCRIPT = (
+    "Let me check the forecast.\n"
+    '<tool_call>\n{"name": "get_weather", "arguments": {"city":"Paris","days":3,"units":null}}\n</tool_call>\n'
+    '<tool_call>\n{"name": "get_time", "arguments": {"zone":"Europe/Oslo"}}\n</tool_call>'
+)
+
+
+@pytest.fixture
+def scripted(sdk, family_models, worker_models_root: Path) -> str:
+    """The Qwen2.5-template demo model, scripted to write ``SCRIPT`` after ``PROMPT`` with ``TOOLS``."""
+    folder = worker_models_root / "tools-scripted"
+    if not folder.exists():
+        probe = sdk.responses.create(model=family_models["qwen2.5"], input=PROMPT, tools=TOOLS, max_output_tokens=1)
+        source = worker_models_root / family_models["qwen2.5"]
+        tokenizer = Tokenizer.from_file(str(source / "tokenizer.json"))
+        eos = json.loads((source / "generation_config.json").read_text())["eos_token_id"]
+        staging = worker_models_root / ".tools-scripted"
+        scripted_model(
+            source,
+            staging,
+            prompt_tokens=probe.usage.input_tokens,
+            script=tokenizer.encode(SCRIPT, add_special_tokens=False).ids,
+            eos=eos[0] if isinstance(eos, list) else eos,
+        )
+        staging.rename(folder)
+    model_scan(models_dir=worker_models_root)
+    return "tools-scripted"
+
+
+def test_auto_reads_text_then_calls_and_streams_each_as_it_comes(sdk, scripted):
+    seen = []
+    with sdk.responses.stream(model=scripted, input=PROMPT, tools=TOOLS, temperature=0) as stream:
+        for event in stream:
+            seen.append(event)
+        final = stream.get_final_response()
+
+    assert final.status == "completed"
+    message, weather, time = final.output
+    assert (message.type, message.status) == ("message", "completed")
+    assert final.output_text == "Let me check the forecast."  # no marker, no whitespace before it
+    assert (weather.name, json.loads(weather.arguments)) == ("get_weather", {"city": "Paris", "days": 3, "units": None})
+    assert (time.name, json.loads(time.arguments)) == ("get_time", {"zone": "Europe/Oslo"})
+    assert weather.call_id != time.call_id
+    added = [(e.output_index, e.item.type) for e in seen if e.type == "response.output_item.added"]
+    assert added == [(0, "message"), (1, "function_call"), (2, "function_call")]
+    done = [(e.output_index, e.item.type) for e in seen if e.type == "response.output_item.done"]
+    assert done == added
+    # Each call's arguments arrive as deltas between its added and done events.
+    for index, call in ((1, weather), (2, time)):
+        pieces = [
+            e.delta for e in seen if e.type == "response.function_call_arguments.delta" and e.output_index == index
+        ]
+        assert "".join(pieces) == call.arguments
+    # The message is done before the first call opens: nothing of it is sent after.
+    kinds = [(e.type, getattr(e, "output_index", None)) for e in seen]
+    assert kinds.index(("response.output_item.done", 0)) < kinds.index(("response.output_item.added", 1))
+
+
+def test_auto_with_one_call_at_most_stops_after_the_first(sdk, scripted):
+    response = sdk.responses.create(model=scripted, input=PROMPT, tools=TOOLS, parallel_tool_calls=False, temperature=0)
+    assert response.status == "completed"
+    assert [item.type for item in response.output] == ["message", "function_call"]
+    assert response.output[1].name == "get_weather"
+
+
+def test_auto_on_chat_streams_text_then_each_calls_fragments(sdk, scripted):
+    chunks = list(
+        sdk.chat.completions.create(
+            model=scripted,
+            messages=[{"role": "user", "content": PROMPT}],
+            tools=CHAT_TOOLS,
+            temperature=0,
+            stream=True,
+        )
+    )
+    text = "".join(chunk.choices[0].delta.content or "" for chunk in chunks if chunk.choices)
+    assert text == "Let me check the forecast."
+    fragments = [call for chunk in chunks if chunk.choices for call in chunk.choices[0].delta.tool_calls or ()]
+    by_index: dict[int, str] = {}
+    for fragment in fragments:
+        by_index[fragment.index] = by_index.get(fragment.index, "") + (fragment.function.arguments or "")
+    assert [json.loads(by_index[i]) for i in (0, 1)] == [
+        {"city": "Paris", "days": 3, "units": None},
+        {"zone": "Europe/Oslo"},
+    ]
+    assert [f.function.name for f in fragments if f.function.name] == ["get_weather", "get_time"]
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
 
 
 # --------------------------------------------------------------------------- #

@@ -272,7 +272,9 @@ class _Run:
     prompt_stored: bool = False
     _snapshot_tokens: int = 0
     tools: _ToolRun | None = None
-    """Set for a run whose model may call tools: its output is items, not one message."""
+    """Set for a run whose model may call tools once its generation is set up."""
+    calls_tools: bool = False
+    """The request may call tools: its output is items (messages and calls), not one message."""
 
     def snapshot(self) -> dict[str, Any]:
         """The next snapshot row: new token ids and the small state (see ``TaskSnapshot``).
@@ -310,7 +312,7 @@ class _Run:
 
     def partial(self) -> Partial:
         """What the event log shows of this attempt, for a run that stops early."""
-        if self.tools is not None:
+        if self.calls_tools:
             # Only what was committed: the items as the event log has them.
             items = task_output_items(task_id=self.task_id)
             return Partial(self.item_id, "", _usage(self.generation), items=items)
@@ -433,6 +435,7 @@ def _run(task_id: str, worker: str, cancelled: threading.Event, heartbeat: Heart
         heartbeat=heartbeat,
         metrics=metrics,
         model_name=model_name,
+        calls_tools=_calls_tools(request),
     )
     with ExitStack() as leased:
         try:
@@ -464,6 +467,7 @@ def _resume(
         heartbeat=heartbeat,
         metrics=metrics,
         model_name=model_name,
+        calls_tools=_calls_tools(request),
     )
     run.committed_text = [text]
     if status == S.CANCELLING:
