@@ -191,3 +191,17 @@ def test_a_call_cut_by_the_end_of_the_output_is_left_open():
 )
 def test_the_family_is_read_off_the_template(template, family):
     assert tool_format_of_template(template).name == family
+
+
+class _Model:
+    chat_template_source = "{% for m in messages %}{{ m.content }}{% endfor %}"
+
+
+def test_a_model_can_be_set_to_a_family_its_template_does_not_name(settings):
+    from workers.execution import _tool_format
+
+    assert _tool_format(_Model(), "mine:q4").name == "generic"
+    settings.LMSP_TOOL_FORMATS = {"mine": "llama3_json"}  # a name without a tag covers its tags
+    assert _tool_format(_Model(), "mine:q4").name == "llama3_json"
+    settings.LMSP_TOOL_FORMATS = {"mine:q4": "mistral", "mine": "llama3_json"}
+    assert _tool_format(_Model(), "mine:q4").name == "mistral"
