@@ -26,7 +26,11 @@ from tasks_app.wakeups import Change, WakeHub, wake_hub
 
 logger = logging.getLogger(__name__)
 
-KEEPALIVE = b": keepalive\n\n"
+# A comment line alone, not a frame: the openai SDK (3.57) dispatches a blank line after a comment as an
+# event with empty data once an id was seen (the spec says to dispatch nothing), and then fails to parse
+# it as JSON, so a keepalive frame would break every SDK stream that waits. Bytes still flow, which is
+# all a keepalive is for; the next frame's fields follow the comment line.
+KEEPALIVE = b": keepalive\n"
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from tasks_app.tool_calls import ToolFormat
+from tasks_app.tool_calls import NAME_RE, ToolFormat
 
 TEXT = "text"
 CALL_START = "call_start"
@@ -35,6 +35,8 @@ Op = tuple[str, str]
 
 _WHITESPACE = " \t\r\n"
 _ARGUMENT_KEYS = ("arguments", "parameters")
+# A named call's name (and a call id after it) before its arguments' marker: longer is no call.
+_NAMED_HEAD_LIMIT = 64 + len("[CALL_ID]") + 64
 
 
 class MalformedToolCall(ValueError):
@@ -50,13 +52,43 @@ def _held_suffix(text: str, marker: str) -> int:
 
 
 @dataclass
-class _CallObject:
-    """One call's JSON object, read character by character (depth, strings, the top level's keys)."""
+class _JsonScan:
+    """Where a character of streamed JSON falls: how deep, and whether inside a string."""
 
-    raw: str = ""
     depth: int = 0
     in_string: bool = False
     escape: bool = False
+    done: bool = False
+    broken: str = ""
+
+    def string_char(self, ch: str) -> bool:
+        """A character inside a string; True when it closes the string."""
+        if self.escape:
+            self.escape = False
+        elif ch == "\\":
+            self.escape = True
+        elif ch == '"':
+            self.in_string = False
+            return True
+        return False
+
+    def nested_char(self, ch: str) -> bool:
+        """A character outside strings below the top; True when it closes an object or a list."""
+        if ch == '"':
+            self.in_string = True
+        elif ch in "{[":
+            self.depth += 1
+        elif ch in "}]":
+            self.depth -= 1
+            return True
+        return False
+
+
+@dataclass
+class _CallObject(_JsonScan):
+    """One call's JSON object, read character by character (depth, strings, the top level's keys)."""
+
+    raw: str = ""
     string_start: int = -1
     at_top: str = "key"
     """At depth 1: ``key``, ``colon``, ``value``, ``in_value`` or ``after``."""
@@ -64,14 +96,13 @@ class _CallObject:
     name: str | None = None
     args_start: int = -1
     args_end: int = -1
-    done: bool = False
-    broken: str = ""
 
     def push(self, ch: str) -> None:
         pos = len(self.raw)
         self.raw += ch
         if self.in_string:
-            self._string_char(ch, pos)
+            if self.string_char(ch) and self.depth == 1:
+                self._string_ended(pos)
         elif self.depth == 0:
             if ch == "{":
                 self.depth = 1
@@ -79,24 +110,8 @@ class _CallObject:
                 self.broken = f"a call must be a JSON object, not {ch!r}"
         elif self.depth == 1:
             self._top_level(ch, pos)
-        elif ch == '"':
-            self.in_string = True
-        elif ch in "{[":
-            self.depth += 1
-        elif ch in "}]":
-            self.depth -= 1
-            if self.depth == 1:
-                self._value_ended(pos + 1)
-
-    def _string_char(self, ch: str, pos: int) -> None:
-        if self.escape:
-            self.escape = False
-        elif ch == "\\":
-            self.escape = True
-        elif ch == '"':
-            self.in_string = False
-            if self.depth == 1:
-                self._string_ended(pos)
+        elif self.nested_char(ch) and self.depth == 1:
+            self._value_ended(pos + 1)
 
     def _top_level(self, ch: str, pos: int) -> None:
         """A character of the call object itself (depth 1, outside strings)."""
@@ -186,6 +201,26 @@ class _CallObject:
 
 
 @dataclass
+class _JsonValue(_JsonScan):
+    """The arguments' JSON after a named call's marker: an object or a list, read to its end."""
+
+    text: str = ""
+
+    def push(self, ch: str) -> None:
+        if not self.text:
+            if ch in _WHITESPACE:
+                return
+            if ch not in "{[":
+                self.broken = f"the arguments must be a JSON object, not {ch!r}"
+                return
+        self.text += ch
+        if self.in_string:
+            self.string_char(ch)
+        elif self.nested_char(ch):
+            self.done = self.depth == 0
+
+
+@dataclass
 class ToolCallParser:
     """See the module docstring. ``max_calls``: the calls after which the rest of the text is ignored
     (``parallel_tool_calls: false`` makes it 1)."""
@@ -202,6 +237,7 @@ class ToolCallParser:
     _in_list: bool = False
     _list_state: str = ""
     _call: _CallObject | None = None
+    _value: _JsonValue | None = None
     _sent_arguments: int = 0
     _opened: bool = False
     _out: list[Op] = field(default_factory=list)
@@ -226,7 +262,7 @@ class ToolCallParser:
         self._out = []
         self._advance(final=True)
         if self._mode in ("body", "between") and not self._opened and self._region_calls == 0:
-            self._emit(TEXT, self._region)
+            self._emit(TEXT, self._region + self._buffer)
         elif self._mode == "text" and self._buffer:
             self._emit(TEXT, self._buffer)
         self._buffer = ""
@@ -300,6 +336,9 @@ class ToolCallParser:
     # -- a call region ----------------------------------------------------------
 
     def _in_body(self) -> None:
+        if self.fmt.args_marker:
+            self._in_named_call()
+            return
         while self._buffer and self._mode == "body":
             ch, self._buffer = self._buffer[0], self._buffer[1:]
             self._region += ch
@@ -313,6 +352,62 @@ class ToolCallParser:
                     self._end_call()
                 continue
             self._outside_object(ch)
+
+    def _in_named_call(self) -> None:
+        """A call written as its name, perhaps ``[CALL_ID]`` and an id, the arguments' marker, then the
+        arguments' JSON (Mistral v11+): the name is held until the marker shows where it ends."""
+        marker = self.fmt.args_marker
+        if self._value is None:
+            at = self._buffer.find(marker)
+            head = self._buffer if at < 0 else self._buffer[:at]
+            name = head.split("[CALL_ID]", 1)[0]
+            if (at >= 0 and not NAME_RE.match(name)) or (at < 0 and len(head) > _NAMED_HEAD_LIMIT):
+                self._region += self._buffer
+                self._buffer = ""
+                self._not_a_call("no function name before the arguments")
+                return
+            if at < 0:
+                return
+            self._region += self._buffer[: at + len(marker)]
+            self._buffer = self._buffer[at + len(marker) :]
+            if self.max_calls is not None and self._calls >= self.max_calls:
+                self._mode, self._buffer = "done", ""
+                return
+            self._value, self._opened, self._sent_arguments = _JsonValue(), True, 0
+            self._emit(CALL_START, name)
+        while self._buffer and self._value is not None:
+            ch, self._buffer = self._buffer[0], self._buffer[1:]
+            self._region += ch
+            self._value.push(ch)
+            if self._value.broken:
+                self._not_a_call(self._value.broken)
+                return
+            if self._value.done:
+                self._end_named_call()
+                return
+        if self._value is not None:
+            self._stream_value()
+
+    def _stream_value(self) -> None:
+        assert self._value is not None
+        pending = self._value.text[self._sent_arguments :]
+        if pending:
+            self._emit(CALL_ARGUMENTS, pending)
+            self._sent_arguments = len(self._value.text)
+
+    def _end_named_call(self) -> None:
+        assert self._value is not None
+        self._stream_value()
+        try:
+            json.loads(self._value.text)
+        except ValueError:
+            self._not_a_call("the call's arguments are not JSON")
+            return
+        self._emit(CALL_END, self._value.text)
+        self._value, self._opened = None, False
+        self._calls += 1
+        self._region_calls += 1
+        self._region_done()
 
     def _outside_object(self, ch: str) -> None:
         """A character of the region between call objects (the list's brackets and commas)."""

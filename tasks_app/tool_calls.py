@@ -12,6 +12,8 @@ items. The formats, by family (:data:`FORMATS`, docs/tools.md):
   ``<|python_tag|>``;
 - ``mistral`` (Mistral v3 tokenizers: Nemo, 7B v0.3): ``[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]``,
   call ids of 9 letters and digits;
+- ``mistral_args`` (Mistral v11+ tokenizers: Small 3.1/3.2, Devstral, Ministral 3):
+  ``[TOOL_CALLS]name[ARGS]{...}``, one marker per call, the same ids;
 - ``phi4_mini`` (Phi-4-mini): ``<|tool_call|>[{"name": ..., "arguments": {...}}]<|/tool_call|>``, the tools
   given to the template in the system message's ``tools``;
 - ``functools`` (vLLM's template for Phi-4-mini): ``functools[{"name": ..., "arguments": {...}}, ...]``;
@@ -65,6 +67,10 @@ class ToolFormat:
     """What the model writes between ``start`` and the JSON (Hermes: a newline)."""
     body_suffix: str = ""
     call_id_length: int | None = None
+    args_marker: str = ""
+    """Calls written as ``name`` + this marker + the arguments' JSON, not as a JSON object (Mistral v11+)."""
+    separator: str = "\n"
+    """Between one call block and the next start marker (formats with a marker per call)."""
     tools_in_system: bool = False
     """The template reads the tools as JSON text in the system message's ``tools`` (Phi-4-mini)."""
     template_tools: bool = True
@@ -77,6 +83,7 @@ FORMATS: dict[str, ToolFormat] = {
         ToolFormat("hermes", "<tool_call>", "</tool_call>", body_prefix="\n", body_suffix="\n"),
         ToolFormat("llama3_json", "<|python_tag|>", "", arguments_key="parameters", bare_json=True, single=True),
         ToolFormat("mistral", "[TOOL_CALLS]", "", array=True, call_id_length=9),
+        ToolFormat("mistral_args", "[TOOL_CALLS]", "", call_id_length=9, args_marker="[ARGS]", separator=""),
         ToolFormat("phi4_mini", "<|tool_call|>", "<|/tool_call|>", array=True, tools_in_system=True),
         ToolFormat("functools", "functools", "", array=True),
         ToolFormat("generic", "<tool_call>", "</tool_call>", template_tools=False),
@@ -85,6 +92,7 @@ FORMATS: dict[str, ToolFormat] = {
 
 # What gives a template's family away, most specific first.
 _TEMPLATE_MARKS: tuple[tuple[str, str], ...] = (
+    ("[ARGS]", "mistral_args"),
     ("[TOOL_CALLS]", "mistral"),
     ("<tool_call>", "hermes"),
     ("<|python_tag|>", "llama3_json"),
@@ -101,6 +109,11 @@ def tool_format_of_template(source: str | None) -> ToolFormat:
         if source and mark in source:
             return FORMATS[name]
     return FORMATS["generic"]
+
+
+def markers_of(fmt: ToolFormat) -> list[str]:
+    """The texts a family's calls are marked with (which a model may have as single tokens)."""
+    return [text for text in (fmt.start, fmt.end, fmt.args_marker) if text]
 
 
 def tool_format_named(name: str) -> ToolFormat:
@@ -279,13 +292,17 @@ def _marker(text: str, token_ids: Mapping[str, int]) -> str:
     return f"<[{token}]>" if token is not None else _lark_string(text)
 
 
-def _call_rule(fmt: ToolFormat, tool: Mapping[str, Any]) -> str:
-    """One call of ``tool`` as the JSON object the family writes, arguments by its schema (strict or not:
-    a client that gives a schema gets it); compact, as structured output is."""
+def _call_rule(fmt: ToolFormat, tool: Mapping[str, Any], token_ids: Mapping[str, int]) -> str:
+    """One call of ``tool`` as the family writes it (a JSON object, or the name, a marker and the arguments),
+    arguments by its schema (strict or not: a client that gives a schema gets it); compact, as structured
+    output is."""
     schema = dict(tool.get("parameters") or _ANY_OBJECT)
     schema["x-guidance"] = {**schema.get("x-guidance", {}), **response_formats.COMPILE_OPTIONS}
+    arguments = f"%json {json.dumps(schema, ensure_ascii=False)}"
+    if fmt.args_marker:
+        return f"{_lark_string(tool['name'])} {_marker(fmt.args_marker, token_ids)} {arguments}"
     head = _lark_string('{"name": ' + json.dumps(tool["name"]) + f', "{fmt.arguments_key}": ')
-    return f'{head} %json {json.dumps(schema, ensure_ascii=False)} "}}"'
+    return f'{head} {arguments} "}}"'
 
 
 def tools_grammar(request: Mapping[str, Any], fmt: ToolFormat, *, token_ids: Mapping[str, int]) -> str | None:
@@ -320,12 +337,13 @@ def tools_grammar(request: Mapping[str, Any], fmt: ToolFormat, *, token_ids: Map
             if p
         )
         rest = one
-        again = f' ("\\n" {start} {one})*' if many else ""
+        separator = _lark_string(fmt.separator) if fmt.separator else ""
+        again = f" ({separator} {start} {one})*" if many else ""
     lines = ["%llguidance {}"]
     alternatives = " | ".join(f"call_{i}" for i in range(len(choice.tools)))
     if choice.tools:
         lines.append(f"call: {alternatives}")
-        lines += [f"call_{i}: {_call_rule(fmt, tool)}" for i, tool in enumerate(choice.tools)]
+        lines += [f"call_{i}: {_call_rule(fmt, tool, token_ids)}" for i, tool in enumerate(choice.tools)]
     lines.append(f"calls_rest: {rest}{again}")
     no_marker = f"/(.|\\n)*/ & ~/(.|\\n)*{_regex_text(fmt.start)}(.|\\n)*/"
     if structured:

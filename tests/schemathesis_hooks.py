@@ -18,6 +18,7 @@ Each is a checker quirk, not a defect, and docs/api.md ("Schema conformance") ex
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import schemathesis
@@ -58,24 +59,25 @@ SPEC_REFUSALS = [
     # A previous_response_id the schema allows names no stored response of the client (PROFILE.md 10.2).
     ("POST /lmsp/v1/responses", 404, "response_not_found", {"previous_response_id": "no stored response"}),
     ("POST /lmsp/v1/tasks", 404, "response_not_found", {"input.previous_response_id": "no stored response"}),
-    # Function tools act only once the model can call them: until then, tools with a tool_choice other
-    # than `none` are refused, and a tool_choice that asks for a call needs tools (PROFILE.md 10.1, 10.4).
+    # Function tools (PROFILE.md 10.4, docs/tools.md): rules across a request's tools and its tool_choice,
+    # and parameters the grammar engine cannot compile, which no schema states. `[*]`: any index.
     *(
-        (operation, 400, "unsupported_parameter", {field: "tools: function tools are not supported yet"})
-        for operation, field in (
-            ("POST /lmsp/v1/responses", "tools"),
-            ("POST /lmsp/v1/tasks", "input.tools"),
-            ("POST /lmsp/v1/chat/completions", "tools"),
+        refusal
+        for operation, prefix, function in (
+            ("POST /lmsp/v1/responses", "", ""),
+            ("POST /lmsp/v1/tasks", "input.", ""),
+            ("POST /lmsp/v1/chat/completions", "", ".function"),
+        )
+        for refusal in (
+            (operation, 400, "invalid_request", {f"{prefix}tool_choice": "requires tools"}),
+            (operation, 400, "invalid_request", {f"{prefix}tool_choice": "no tool named"}),
+            (operation, 400, "invalid_request", {f"{prefix}tool_choice": "allows no tool"}),
+            (operation, 400, "invalid_request", {f"{prefix}tools[*]{function}.name": "tool names must be unique"}),
+            (operation, 400, "invalid_request", {f"{prefix}tools[*]{function}.parameters": ""}),
         )
     ),
-    *(
-        (operation, 400, "invalid_request", {field: "requires tools"})
-        for operation, field in (
-            ("POST /lmsp/v1/responses", "tool_choice"),
-            ("POST /lmsp/v1/tasks", "input.tool_choice"),
-            ("POST /lmsp/v1/chat/completions", "tool_choice"),
-        )
-    ),
+    # A chat allowed_tools choice is free-form in the schema (OpenAI's shape nests it once more).
+    ("POST /lmsp/v1/chat/completions", 400, "invalid_request", {"tool_choice.allowed_tools": "malformed"}),
     # Two token limits that disagree (PROFILE.md 10.3): a rule across two fields.
     ("POST /lmsp/v1/chat/completions", 400, "invalid_request", {"max_tokens": "differs from max_completion_tokens"}),
     # One key with another body (PROFILE.md 5): generated keys repeat across generated bodies.
@@ -135,12 +137,21 @@ def is_spec_refusal(label: str, status: int, problem: dict[str, Any]) -> bool:
             continue
         if len(errors) == len(fields) and all(
             isinstance(error, dict)
-            and error.get("field") in fields
-            and str(error.get("message", "")).startswith(fields[error["field"]])
+            and (field := _field_of(str(error.get("field")), fields)) is not None
+            and str(error.get("message", "")).startswith(fields[field])
             for error in errors
         ):
             return True
     return False
+
+
+def _field_of(named: str, fields: dict[str, str]) -> str | None:
+    """The key of ``fields`` that the error's field matches (``[*]`` in a key stands for any index)."""
+    for field in fields:
+        pattern = re.escape(field).replace(re.escape("[*]"), r"\[\d+\]")
+        if re.fullmatch(pattern, named):
+            return field
+    return None
 
 
 def is_unknown_header(case: schemathesis.Case) -> bool:

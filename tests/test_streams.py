@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import openai
 import pytest
 
 from tasks_app.models import Task, TaskEvent
@@ -135,6 +137,25 @@ def test_cancelling_a_task_ends_its_streams_with_response_cancelled(api, running
     finally:
         for stream in streams:
             stream.close()
+
+
+def test_the_openai_sdk_reads_on_past_keepalives(api, queue, web_server):
+    # The SDK turns a blank line after a comment into an empty event once it saw an id, and fails to parse
+    # it: a keepalive must be a comment line alone. On a queue no worker reads, the task stays queued and
+    # only keepalives flow.
+    sdk = openai.OpenAI(base_url=f"{web_server.base}/lmsp/v1", api_key=api.token, max_retries=0, timeout=30)
+    queued = sdk.responses.retrieve(
+        api.post("/lmsp/v1/responses", {"model": "demo", "input": "Hi", "background": True}).json()["id"]
+    )
+    assert queued.status == "queued"
+    kinds = []
+    with ThreadPoolExecutor(1) as pool:
+        for event in sdk.responses.retrieve(queued.id, stream=True):
+            kinds.append(event.type)
+            if event.type == "response.created":
+                # Cancelled after three keepalives (one a second here).
+                pool.submit(lambda: (time.sleep(3.2), sdk.responses.cancel(queued.id)))
+    assert kinds == ["response.created", "response.cancelled"]
 
 
 def test_an_idle_stream_gets_keepalive_comments(api, transactional_db, web_server):

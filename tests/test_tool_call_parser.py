@@ -90,6 +90,16 @@ CASES = {
             "",
         ),
     ],
+    "mistral_args": [
+        (
+            '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris", "days": 3}'
+            '[TOOL_CALLS]get_time[CALL_ID]a1B2c3D4e[ARGS]{"zone": "Europe/Oslo"}',
+            [("get_weather", WEATHER), ("get_time", TIME)],
+            "",
+        ),
+        ('Sure.[TOOL_CALLS]get_time[ARGS]{"zone": "Europe/Oslo"}', [("get_time", TIME)], "Sure."),
+        ("What [TOOL_CALLS] means is in the docs", [], "What [TOOL_CALLS] means is in the docs"),
+    ],
     "phi4_mini": [
         (
             'Checking. <|tool_call|>[{"name": "get_time", "arguments": {"zone": "Europe/Oslo"}}]<|/tool_call|>',
@@ -181,6 +191,7 @@ def test_a_call_cut_by_the_end_of_the_output_is_left_open():
     ("template", "family"),
     [
         ("{{ '[TOOL_CALLS]' }}", "mistral"),
+        ("{{- '[TOOL_CALLS]' + tool_call.function.name + '[ARGS]' }}", "mistral_args"),
         ("<tool_call>\\n{{ tool_call }}", "hermes"),
         ("{{- '<|python_tag|>' }}", "llama3_json"),
         ('{{- "Environment: ipython\\n" }}', "llama3_json"),

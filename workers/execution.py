@@ -540,7 +540,7 @@ def _sampling_params(request: Mapping[str, Any], model: LoadedModel, model_name:
     if not tool_calls.function_tools(request):
         return replace(params, grammar=response_formats.format_grammar(request))
     fmt = _tool_format(model, model_name)
-    markers = model.single_token_ids([text for text in (fmt.start, fmt.end) if text])
+    markers = model.single_token_ids(tool_calls.markers_of(fmt))
     grammar = tool_calls.tools_grammar(request, fmt, token_ids=markers)
     return replace(params, grammar=grammar, kept_tokens=tuple(markers))
 

@@ -119,7 +119,7 @@ class ChatMessageSerializer(StrictSerializer):
 
 
 class ChatFunctionSerializer(StrictSerializer):
-    name = StrictCharField(min_length=1, max_length=64, trim_whitespace=False)
+    name = StrictCharField(min_length=1, max_length=64, trim_whitespace=False, validators=[FORMAT_NAME])
     description = StrictCharField(required=False, allow_null=True, allow_blank=True, trim_whitespace=False)
     parameters = LooseObjectField(required=False, allow_null=True)
     strict = StrictBooleanField(required=False, allow_null=True)
@@ -146,7 +146,14 @@ class ChatToolSerializer(StrictSerializer):
                     "function": {
                         "type": "object",
                         "required": ["name"],
-                        "properties": {"name": {"type": "string", "minLength": 1, "maxLength": 64}},
+                        "properties": {
+                            "name": {
+                                "type": "string",
+                                "minLength": 1,
+                                "maxLength": 64,
+                                "pattern": "^[a-zA-Z0-9_-]{1,64}$",
+                            }
+                        },
                         "additionalProperties": False,
                     },
                 },

@@ -474,11 +474,15 @@ class NullOnlyField(serializers.Field):
         return value
 
 
+# OpenAI's rule for a format's and a function's name.
+FORMAT_NAME = RegexValidator(r"^[a-zA-Z0-9_-]{1,64}\Z", "letters, digits, _ and -, at most 64")
+
+
 class FunctionToolSerializer(StrictSerializer):
     """A function tool in the Responses shape."""
 
     type = StrictChoiceField(choices=(request_surface.FUNCTION_TOOL,))
-    name = StrictCharField(min_length=1, max_length=64, trim_whitespace=False)
+    name = StrictCharField(min_length=1, max_length=64, trim_whitespace=False, validators=[FORMAT_NAME])
     description = StrictCharField(required=False, allow_null=True, allow_blank=True, trim_whitespace=False)
     parameters = LooseObjectField(required=False, allow_null=True)
     strict = StrictBooleanField(required=False, allow_null=True)
@@ -497,7 +501,7 @@ class FunctionToolSerializer(StrictSerializer):
                 "required": ["type", "name"],
                 "properties": {
                     "type": {"type": "string", "enum": ["function"]},
-                    "name": {"type": "string", "minLength": 1, "maxLength": 64},
+                    "name": {"type": "string", "minLength": 1, "maxLength": 64, "pattern": "^[a-zA-Z0-9_-]{1,64}$"},
                 },
                 "additionalProperties": False,
             },
@@ -543,10 +547,6 @@ class ToolChoiceField(serializers.Field):
 
     def to_representation(self, value: Any) -> Any:
         return value
-
-
-# OpenAI's rule for a format's name.
-FORMAT_NAME = RegexValidator(r"^[a-zA-Z0-9_-]{1,64}\Z", "letters, digits, _ and -, at most 64")
 
 
 class TextFormatSerializer(StrictSerializer):

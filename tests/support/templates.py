@@ -50,6 +50,7 @@ FAMILY_TEMPLATES: dict[str, tuple[Source, str]] = {
     "llama3.1": (LLAMA_CPP, "meta-llama-Llama-3.1-8B-Instruct.jinja"),
     "llama3.2": (LLAMA_CPP, "meta-llama-Llama-3.2-3B-Instruct.jinja"),
     "mistral-nemo": (LLAMA_CPP, "mistralai-Mistral-Nemo-Instruct-2407.jinja"),
+    "mistral-small-3.2": (LLAMA_CPP, "Mistral-Small-3.2-24B-Instruct-2506.jinja"),
     "phi4-mini-vllm": (VLLM, "tool_chat_template_phi4_mini.jinja"),
 }
 
