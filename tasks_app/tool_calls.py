@@ -166,7 +166,8 @@ def tool_choice_of(request: Mapping[str, Any]) -> ToolChoice:
         names = {_choice_name(tool) for tool in choice.get("tools") or ()}
         return ToolChoice(choice.get("mode", AUTO), tuple(t for t in tools if t["name"] in names), parallel)
     name = _choice_name(choice)
-    return ToolChoice(REQUIRED, tuple(t for t in tools if t["name"] == name), parallel)
+    # A named function is one call of it (as OpenAI and vLLM force it), whatever parallel_tool_calls says.
+    return ToolChoice(REQUIRED, tuple(t for t in tools if t["name"] == name), parallel=False)
 
 
 def tools_check(request: Mapping[str, Any], *, chat: bool = False) -> None:

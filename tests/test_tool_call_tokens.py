@@ -21,6 +21,7 @@ from tasks_app.tool_call_parser import CALL_END, CALL_START, ToolCallParser
 from tasks_app.tool_calls import FORMATS, template_tools, tools_grammar
 from tests.test_backend_layouts import MODELS, REFERENCES
 from workers.backends.base import FINISH_EOS, SamplingParams, ToolPrompt
+from workers.backends.constraints import OutputConstraint
 from workers.backends.onnx import OnnxRuntimeBackend
 from workers.backends.onnx.model import OnnxModel
 
@@ -90,3 +91,19 @@ def test_without_keeping_it_the_marker_is_left_out_like_any_special_token(model:
     list(generation)
     assert generation.generated_ids[0] == MARKER_ID
     assert generation.text().startswith("[")
+
+
+@pytest.mark.parametrize(
+    ("choice", "second_call"),
+    [("required", True), ({"type": "function", "name": "get_time"}, False)],
+    ids=["required-allows-several", "named-is-one-call"],
+)
+def test_a_named_function_is_one_call_whatever_parallel_tool_calls_says(model: OnnxModel, choice, second_call):
+    fmt = FORMATS["generic"]
+    request = {**REQUEST, "tool_choice": choice, "parallel_tool_calls": True}
+    constraint = OutputConstraint(model.constraint_tokenizer(), tools_grammar(request, fmt, token_ids={}))
+    call = '<tool_call>{"name": "get_time", "arguments": {"zone":"Asia/Tokyo"}}</tool_call>'
+    assert constraint.matcher.consume_tokens(model.tokenizer.encode(call, add_special_tokens=False).ids)
+    # After one call, another can start only where more than one is allowed.
+    again = model.tokenizer.encode("\n" + call, add_special_tokens=False).ids
+    assert constraint.matcher.try_consume_tokens(again) == (len(again) if second_call else 0)
