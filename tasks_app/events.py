@@ -125,44 +125,18 @@ def in_progress(response: Response) -> Event:
     return Event(E.IN_PROGRESS, {"response": response_object(response)})
 
 
-def output_item_added(item_id: str) -> Event:
-    return Event(E.OUTPUT_ITEM_ADDED, {"output_index": 0, "item": message_item(item_id, None, "in_progress")})
-
-
-def content_part_added(item_id: str) -> Event:
-    return Event(E.CONTENT_PART_ADDED, {**_head(item_id), "part": output_text_part("")})
-
-
-# OpenAI's text events require `logprobs` (the openai package's types give it no default); none are
-# returned here (`top_logprobs` above 0 is refused), so it is empty, as OpenAI's is without them.
-def output_text_delta(item_id: str, text: str) -> Event:
-    return Event(E.OUTPUT_TEXT_DELTA, {**_head(item_id), "delta": text, "logprobs": []})
-
-
-def output_text_done(item_id: str, text: str) -> Event:
-    return Event(E.OUTPUT_TEXT_DONE, {**_head(item_id), "text": text, "logprobs": []})
-
-
-def content_part_done(item_id: str, text: str) -> Event:
-    return Event(E.CONTENT_PART_DONE, {**_head(item_id), "part": output_text_part(text)})
-
-
-def output_item_done(item_id: str, text: str, item_status: str) -> Event:
-    return Event(E.OUTPUT_ITEM_DONE, {"output_index": 0, "item": message_item(item_id, text, item_status)})
-
-
 def finished(response: Response) -> Event:
     """The terminal event that the response's (final) status implies."""
     return Event(_TERMINAL_OF[response.status], {"response": response_object(response)})
 
 
-def _head(item_id: str, output_index: int = 0) -> dict[str, Any]:
-    # A message item has one text part: always content 0. Without tools it is the only item: output 0.
+def _head(item_id: str, output_index: int) -> dict[str, Any]:
+    # A message item has one text part: always content 0.
     return {"item_id": item_id, "output_index": output_index, "content_index": 0}
 
 
-# Output items of a run that may call tools (PROFILE.md 10.4): messages and function calls in the
-# order the model wrote them, each at its own output index.
+# Output items: a message (the only one, at output 0, without tools), and with tools (PROFILE.md 10.4)
+# messages and function calls in the order the model wrote them, each at its own output index.
 
 
 def message_opened(item_id: str, output_index: int) -> list[Event]:
@@ -172,6 +146,8 @@ def message_opened(item_id: str, output_index: int) -> list[Event]:
     ]
 
 
+# OpenAI's text events require `logprobs` (the openai package's types give it no default); none are
+# returned here (`top_logprobs` above 0 is refused), so it is empty, as OpenAI's is without them.
 def message_delta(item_id: str, output_index: int, text: str) -> Event:
     return Event(E.OUTPUT_TEXT_DELTA, {**_head(item_id, output_index), "delta": text, "logprobs": []})
 

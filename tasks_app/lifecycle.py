@@ -369,7 +369,7 @@ def task_start(
     that may call tools passes no ``item_id``: its items open as the model
     writes them (``output_items``).
     """
-    opened = [] if item_id is None else [events.output_item_added(item_id), events.content_part_added(item_id)]
+    opened = [] if item_id is None else events.message_opened(item_id, 0)
     write = _Write(
         MOVES["task_start"],
         stamped=_BEAT,
@@ -398,7 +398,7 @@ def task_progress(
     A run that may call tools passes ``item_events`` (``output_items``:
     items opened, text and argument deltas, items closed) instead of ``deltas``.
     """
-    written = list(item_events) if item_events is not None else [events.output_text_delta(item_id, t) for t in deltas]
+    written = list(item_events) if item_events is not None else [events.message_delta(item_id, 0, t) for t in deltas]
     write = _Write(
         MOVES["task_progress"],
         task={"output_tokens": output_tokens},
@@ -437,11 +437,17 @@ def task_succeed(
     """
     status = ResponseStatus.INCOMPLETE if incomplete else ResponseStatus.COMPLETED
     item_status = "incomplete" if incomplete else "completed"
-    if items is not None:
-        return _apply(task_id, _succeeded_with_items(worker, status, items, item_events, usage, output_tokens))
+    if items is None:
+        output = [message_item(item_id, text, item_status)]
+        written = [
+            *(events.message_delta(item_id, 0, delta) for delta in deltas),
+            *events.message_closed(item_id, 0, text, item_status),
+        ]
+    else:
+        output, written = items.output(), list(item_events)
     response = {
         "status": status,
-        "output": [message_item(item_id, text, item_status)],
+        "output": output,
         "usage": dict(usage) if usage is not None else None,
         "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
     }
@@ -450,41 +456,11 @@ def task_succeed(
         task={"output_tokens": output_tokens},
         stamped=_BEAT,
         response=response,
-        events=[
-            *(events.output_text_delta(item_id, delta) for delta in deltas),
-            events.output_text_done(item_id, text),
-            events.content_part_done(item_id, text),
-            events.output_item_done(item_id, text, item_status),
-        ],
+        events=written,
         closing=events.finished,
         holder=worker,
     )
     return _apply(task_id, write)
-
-
-def _succeeded_with_items(
-    worker: str,
-    status: ResponseStatus,
-    items: output_items.OutputItems,
-    item_events: Sequence[Event],
-    usage: Mapping[str, Any] | None,
-    output_tokens: int,
-) -> _Write:
-    response = {
-        "status": status,
-        "output": items.output(),
-        "usage": dict(usage) if usage is not None else None,
-        "incomplete_details": {"reason": "max_output_tokens"} if status == ResponseStatus.INCOMPLETE else None,
-    }
-    return _Write(
-        MOVES["task_succeed"],
-        task={"output_tokens": output_tokens},
-        stamped=_BEAT,
-        response=response,
-        events=list(item_events),
-        closing=events.finished,
-        holder=worker,
-    )
 
 
 def task_fail(

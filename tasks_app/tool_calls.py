@@ -297,9 +297,7 @@ def _call_rule(fmt: ToolFormat, tool: Mapping[str, Any], token_ids: Mapping[str,
     """One call of ``tool`` as the family writes it (a JSON object, or the name, a marker and the arguments),
     arguments by its schema (strict or not: a client that gives a schema gets it); compact, as structured
     output is."""
-    schema = dict(tool.get("parameters") or _ANY_OBJECT)
-    schema["x-guidance"] = {**schema.get("x-guidance", {}), **response_formats.COMPILE_OPTIONS}
-    arguments = f"%json {json.dumps(schema, ensure_ascii=False)}"
+    arguments = f"%json {json.dumps(_compact(tool.get('parameters') or _ANY_OBJECT), ensure_ascii=False)}"
     if fmt.args_marker:
         return f"{_lark_string(tool['name'])} {_marker(fmt.args_marker, token_ids)} {arguments}"
     head = _lark_string('{"name": ' + json.dumps(tool["name"]) + f', "{fmt.arguments_key}": ')
@@ -375,7 +373,11 @@ def _regex_text(text: str) -> str:
 
 
 def _answer_schema(text_format: Mapping[str, Any]) -> Mapping[str, Any]:
-    schema = dict(text_format.get("schema") or _ANY_OBJECT) if text_format.get("type") == "json_schema" else {}
-    schema = schema or dict(_ANY_OBJECT)
-    schema["x-guidance"] = {**schema.get("x-guidance", {}), **response_formats.COMPILE_OPTIONS}
-    return schema
+    if text_format.get("type") == response_formats.JSON_SCHEMA:
+        return _compact(text_format.get("schema") or _ANY_OBJECT)
+    return _compact(_ANY_OBJECT)
+
+
+def _compact(schema: Mapping[str, Any]) -> dict[str, Any]:
+    """``schema`` compiled as structured output compiles it (no whitespace between JSON tokens)."""
+    return {**schema, "x-guidance": {**schema.get("x-guidance", {}), **response_formats.COMPILE_OPTIONS}}

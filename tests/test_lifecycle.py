@@ -298,12 +298,9 @@ def test_an_event_encoded_before_its_number_is_the_same_bytes_as_one_encoded_wit
     from tasks_app import events
 
     built = [
-        events.output_item_added("msg_1"),
-        events.content_part_added("msg_1"),
-        events.output_text_delta("msg_1", text),
-        events.output_text_done("msg_1", text),
-        events.content_part_done("msg_1", text),
-        events.output_item_done("msg_1", text, "completed"),
+        *events.message_opened("msg_1", 0),
+        events.message_delta("msg_1", 0, text),
+        *events.message_closed("msg_1", 0, text, "completed"),
     ]
     for event in built:
         for number in (0, 7, 12345):
