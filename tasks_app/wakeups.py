@@ -151,6 +151,9 @@ class WakeHub:
     async def _relay(self, pubsub: redis.asyncio.client.PubSub) -> None:
         """Hand every wake-up to its watchers until the subscription fails."""
         while True:
+            # Also before the read: a cancellation that redis-py swallowed while subscribing (the confirmation
+            # read returns as if nothing happened) would otherwise wait out this read's 30 s.
+            _raise_if_cancelled()
             message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=30)
             _raise_if_cancelled()
             if message is not None and message["type"] == "message":
@@ -179,6 +182,7 @@ async def _subscribe(pubsub: redis.asyncio.client.PubSub) -> None:
     """Subscribe and wait for Redis to confirm it, so ``connected`` never runs ahead of the subscription."""
     await pubsub.subscribe(tasks_channel())
     while True:
+        _raise_if_cancelled()
         message = await pubsub.get_message(timeout=5)
         if message is None:
             raise redis.TimeoutError("no subscribe confirmation")
