@@ -141,7 +141,8 @@ def test_a_background_response_to_resume_continues_after_its_worker_was_killed(l
     env = {**lab.env, "LMSP_TASK_QUEUE": lab.queue}
     with uvicorn_process(lab.env["DATABASE_URL"], env) as server:
         sdk = sdk_for(server.base, lab.api.token)
-        with lab.worker("crashing") as worker:
+        # A slowed device: the kill must land mid-generation, on a loaded machine too.
+        with lab.worker("crashing", LMSP_FAULT_MODEL_CALL_SECONDS="0.002") as worker:
             created = sdk.responses.create(
                 model=ENDLESS_MODEL,
                 input="Tell me a long story",

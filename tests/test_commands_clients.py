@@ -17,7 +17,7 @@ from django.utils import timezone
 
 from tasks_app.api.throttles import throttle_reset
 from tasks_app.models import Client, PairingCode, Task
-from tasks_app.services.clients import token_digest
+from tasks_app.services.clients import client_local_token_ensure, token_digest
 from tests.support.api import ApiClient
 from tests.support.problems import assert_problem
 
@@ -368,3 +368,37 @@ def test_concurrent_redeem_of_one_code_gives_one_token():
     assert pairing.used_at is not None
     assert pairing.client.name == winner
     assert ApiClient(results[winner][1]["token"]).get("/lmsp/v1/tasks").status_code == 200
+
+
+# --------------------------------------------------------------------------- #
+# The local token of scripts/prepare (lmsp_prepare)
+# --------------------------------------------------------------------------- #
+
+
+def test_the_local_token_is_made_once_readable_by_its_user_only_and_works(db, demo_model, tmp_path):
+    path = tmp_path / "data" / "local-token"
+
+    made = client_local_token_ensure(path=path)
+    again = client_local_token_ensure(path=path)
+
+    assert made is not None and again is None
+    assert path.read_text() == made + "\n"
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert ApiClient(made).get("/lmsp/v1/tasks").status_code == 200
+
+
+@pytest.mark.parametrize("kept", ["revoked", "another-database", "empty"])
+def test_a_local_token_that_does_not_belong_to_this_database_is_replaced(db, demo_model, tmp_path, kept):
+    path = tmp_path / "local-token"
+    if kept == "revoked":
+        path.write_text(client_local_token_ensure(path=path) + "\n")
+        Client.objects.update(revoked_at=timezone.now())
+    elif kept == "another-database":
+        path.write_text("lmsp_not-a-token-of-this-database\n")
+    else:
+        path.write_text("")
+
+    made = client_local_token_ensure(path=path)
+
+    assert made is not None and path.read_text() == made + "\n"
+    assert ApiClient(made).get("/lmsp/v1/tasks").status_code == 200

@@ -338,7 +338,9 @@ def test_resumed_generation_equals_an_uninterrupted_run_and_the_stream_stays_cle
 
         task_id = lab.create("resume", tokens=LONG, **request)
         with open_stream(server.base, f"/lmsp/v1/tasks/{task_id}/events", token=lab.api.token) as stream:
-            with lab.worker("crashing") as worker:
+            # A slowed device: the test must kill the worker mid-generation, and a loaded machine that starves the
+            # test process let the fast demo model make all of it first (a parallel CI run's json_schema case).
+            with lab.worker("crashing", LMSP_FAULT_MODEL_CALL_SECONDS="0.05") as worker:
                 # created, in_progress, the opening events, then deltas (of the text, or of the call's arguments)
                 first = stream.take(12)
                 kill_process_group(worker.proc)
@@ -404,7 +406,8 @@ def test_recover_leaves_tasks_of_live_workers_alone(lab: Lab):
 
 def test_a_pool_process_that_dies_mid_task_has_its_task_recovered_at_once(lab: Lab):
     # No reaper runs here: only the worker's parent, which sees its child die, can recover the task.
-    with lab.worker("parent") as worker:
+    # A slowed device: the kill must land mid-generation, on a loaded machine too.
+    with lab.worker("parent", LMSP_FAULT_MODEL_CALL_SECONDS="0.002") as worker:
         task_id = lab.create("resume", tokens=LONG)
         wait_for_deltas(task_id, 3, worker)
         child = int(Task.objects.get(pk=task_id).worker.rpartition("/")[2])
@@ -430,7 +433,8 @@ def test_restarting_only_the_web_process_leaves_a_running_task_alone(lab: Lab):
         "on_restart": "fail",
         "input": {"model": ENDLESS_MODEL, "input": "Go", "max_output_tokens": LONG},
     }
-    with lab.worker("steady") as worker:
+    # A slowed device: the task must still be running when the web process is killed, on a loaded machine too.
+    with lab.worker("steady", LMSP_FAULT_MODEL_CALL_SECONDS="0.002") as worker:
         with uvicorn_process(lab.env["DATABASE_URL"], env) as first:
             status, task = call(first.base, "POST", "/lmsp/v1/tasks", token=lab.api.token, body=body)
             assert status == 202

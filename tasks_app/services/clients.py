@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import secrets
 from collections.abc import Iterable
 from datetime import datetime, timedelta
+from pathlib import Path
 
 from django.conf import settings
 from django.db import IntegrityError, OperationalError, transaction
@@ -73,6 +75,28 @@ def client_create(*, name: str, scopes: Iterable[str] | str) -> tuple[Client, st
             errors=[{"field": "client_name", "message": "already in use"}],
         ) from None
     return client, token
+
+
+def client_local_token_ensure(*, path: Path) -> str | None:
+    """Make sure ``path`` holds the token of an active client of this database; the new token when one was made.
+
+    A token is only good for the database it was created in (a deleted SQLite file, another
+    ``DATABASE_URL``, a revoked client): one that is not is replaced by a new client's. The file is
+    readable by this user only and written whole or not at all.
+    """
+    if path.is_file():
+        kept = path.read_text().strip()
+        if kept and Client.objects.filter(token_hash=token_digest(kept), revoked_at__isnull=True).exists():
+            return None
+        path.unlink()
+    _, token = client_create(name=f"local-{datetime.now().astimezone():%Y%m%d-%H%M%S}", scopes="responses,read")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fresh = path.with_name(path.name + ".new")
+    descriptor = os.open(fresh, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(descriptor, "w") as handle:
+        handle.write(token + "\n")
+    fresh.replace(path)
+    return token
 
 
 def client_revoke(*, name: str) -> Client | None:
