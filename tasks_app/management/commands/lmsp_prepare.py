@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from django.conf import settings
@@ -53,7 +54,7 @@ class Command(BaseCommand):
         call_command("lmsp_recover", stdout=self.stdout, stderr=self.stderr)
 
 
-def _database_wait(seconds: float, say) -> None:
+def _database_wait(seconds: float, say: Callable[[str], object]) -> None:
     deadline = time.monotonic() + seconds
     while True:
         try:
