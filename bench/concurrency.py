@@ -72,9 +72,12 @@ from sse_fanout import (
 from tokenizers import Tokenizer
 
 # The names a user gives, and the demo size each builds (fixture_models/demo.py's DEMO_SIZES).
-MODEL_SIZES = {"demo": "demo", "demo:small": "small", "demo:base": "base"}
-DEFAULT_TOKENS = {"demo": 300, "demo:small": 150, "demo:base": 64}
-QUICK_TOKENS = {"demo": 60, "demo:small": 40, "demo:base": 24}
+MODEL_SIZES = {"demo": "demo", "demo:small": "small", "demo:base": "base", "demo:wide": "wide"}
+DEFAULT_TOKENS = {"demo": 300, "demo:small": 150, "demo:base": 64, "demo:wide": 200}
+QUICK_TOKENS = {"demo": 60, "demo:small": 40, "demo:base": 24, "demo:wide": 40}
+# demo:wide (151,936 logits a row, as Qwen's) is sampled as agents sample, so the sampler's cost shows;
+# the others decode greedily, as the plain loop does. Keyed by the registered (endless) name.
+SAMPLING = {"demo:wide-endless": {"temperature": 0.7, "top_p": 0.9}}
 # The worker's LMSP_PREFILL_CHUNK default: the plain loop prefills the long prompt in the same chunks.
 PREFILL_CHUNK = 512
 PROMPT = "Tell me a story about the lighthouse keeper and the storm."
@@ -462,7 +465,7 @@ async def http_json(svc: Service, method: str, path: str, body: Any = None) -> t
 
 
 def request_body(model: str, text: str, tokens: int) -> dict[str, Any]:
-    return {"model": model, "input": text, "max_output_tokens": tokens, "temperature": 0}
+    return {"model": model, "input": text, "max_output_tokens": tokens, **SAMPLING.get(model, {"temperature": 0})}
 
 
 async def follow(svc: Service, stream: Stream, request: bytes, timeout: float) -> None:

@@ -166,6 +166,12 @@ class DemoSize:
     head_dim: int
     intermediate_size: int
     vocab_size: int
+    logits_width: int = 0
+    """The lm_head's outputs when wider than the tokenizer (Qwen pads 151,665 ids to 151,936); 0: ``vocab_size``."""
+
+    @property
+    def width(self) -> int:
+        return self.logits_width or self.vocab_size
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
@@ -174,6 +180,8 @@ class DemoSize:
             raise ValueError("head_dim must be even for rotary embeddings")
         if self.vocab_size <= 256 + len(SPECIAL_TOKENS):
             raise ValueError("vocab_size must leave room for the 256 byte tokens")
+        if self.logits_width and self.logits_width < self.vocab_size:
+            raise ValueError("logits_width must be at least vocab_size")
 
 
 DEMO_SIZES: dict[str, DemoSize] = {
@@ -206,7 +214,21 @@ DEMO_SIZES: dict[str, DemoSize] = {
         intermediate_size=1408,
         vocab_size=2048,
     ),
+    # The bench model of a real vocabulary's width: demo's shape, its logits padded to Qwen's
+    # 151,936, so a step samples (and copies) rows as wide as a real model's.
+    "wide": DemoSize(
+        hidden_size=64,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=16,
+        intermediate_size=176,
+        vocab_size=512,
+        logits_width=151_936,
+    ),
 }
+# The padded logits sit this far below the rest: a padded id is never sampled, as in a trained model.
+PADDED_LOGIT_BIAS = -40.0
 
 
 # Training text for the BPE tokenizer.  Mixed scripts on purpose: accented Latin,
@@ -599,8 +621,9 @@ def _init_weights(size: DemoSize, logit_bias: np.ndarray, seed: int) -> dict[str
         weights[f"{p}.mlp.up_proj.weight"] = normal((h, i), 1.0 / math.sqrt(h))
         weights[f"{p}.mlp.down_proj.weight"] = normal((i, h), 1.0 / math.sqrt(i))
     weights["model.norm.weight"] = np.ones(h, dtype=np.float32)
-    weights["lm_head.weight"] = normal((h, size.vocab_size), 2.0 / math.sqrt(h))
-    weights["lm_head.bias"] = logit_bias.astype(np.float32)
+    weights["lm_head.weight"] = normal((h, size.width), 2.0 / math.sqrt(h))
+    padding = np.full(size.width - size.vocab_size, PADDED_LOGIT_BIAS)
+    weights["lm_head.bias"] = np.concatenate([logit_bias, padding]).astype(np.float32)
     # Drawn last, so that every other weight is the same with or without it.
     direction = rng.standard_normal((h, 1))
     weights[EOS_HEAD_WEIGHT] = (direction / np.linalg.norm(direction)).astype(np.float32)
@@ -1184,7 +1207,7 @@ def _build_graph(size: DemoSize, weights: dict[str, np.ndarray], eos_token_id: i
         helper.make_tensor_value_info(
             "logits",
             TensorProto.FLOAT,
-            ["batch_size", "sequence_length", size.vocab_size],
+            ["batch_size", "sequence_length", size.width],
         )
     ]
     for layer in range(size.num_layers):
@@ -1273,7 +1296,7 @@ def _build_graph(size: DemoSize, weights: dict[str, np.ndarray], eos_token_id: i
         g.op("Add", [logits, w["lm_head.bias"]], "/lm_head/Add", output="logits")
     else:
         logits = g.op("Add", [logits, w["lm_head.bias"]], "/lm_head/Add")
-        _eos_head(g, hidden, logits, w[EOS_HEAD_WEIGHT], eos_token_id, size.vocab_size)
+        _eos_head(g, hidden, logits, w[EOS_HEAD_WEIGHT], eos_token_id, size.width)
 
     graph = helper.make_graph(g.nodes, "demo_qwen2", inputs, outputs, initializer=g.initializers)
     model = helper.make_model(
@@ -1319,7 +1342,7 @@ def _config(size: DemoSize, ids: dict[str, int]) -> dict[str, Any]:
         "torch_dtype": "float32",
         "use_cache": True,
         "use_sliding_window": False,
-        "vocab_size": size.vocab_size,
+        "vocab_size": size.width,
     }
 
 

@@ -383,6 +383,10 @@ LMSP_KV_CACHE_BYTES = _env_int_at_least("LMSP_KV_CACHE_BYTES", 0, 0, " (0: autom
 LMSP_KV_CACHE_SHARE = _env_float("LMSP_KV_CACHE_SHARE", 0.5)
 if not 0 < LMSP_KV_CACHE_SHARE <= 1:
     raise ImproperlyConfigured(f"LMSP_KV_CACHE_SHARE must be in (0, 1], got {LMSP_KV_CACHE_SHARE}")
+# Threads that sample one decode step's rows side by side (docs/workers.md):
+# at a real vocabulary (150k logits) a sampled row costs ~0.3 ms of NumPy work
+# that runs without the GIL. 0: automatic, half the cores, at least 2 and at most 8.
+LMSP_SAMPLING_THREADS = _env_int_at_least("LMSP_SAMPLING_THREADS", 0, 0, " (0: automatic)")
 # On SIGTERM the running rows may go on generating this long, so that short
 # tasks finish instead of restarting; then each is handed back by its
 # on_restart policy. 0 (the default) hands back at once, which fits honcho's

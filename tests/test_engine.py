@@ -21,6 +21,8 @@ from typing import Any
 
 import pytest
 
+from fixture_models.demo import build_demo_model
+from tasks_app.response_formats import format_grammar
 from tests.support.quantized import expected_case
 from tests.test_backend_layouts import MODELS, REFERENCES, case_of
 from workers.backends.base import FINISH_CANCELLED, Chunk, SamplingParams
@@ -64,6 +66,9 @@ class Observer:
 
     def rows(self, *, running: int, waiting: int) -> None:
         self.running.append(running)
+
+    def masks(self, *, rows: int, seconds: float) -> None:
+        pass
 
     def close(self) -> None:
         self.closed = True
@@ -510,3 +515,43 @@ def test_a_broken_model_thread_fails_its_rows_and_the_next_rows_get_a_new_engine
         assert ids_of(list(replacement.submit(model.generate(prompt, params, should_stop=never)))) == expected
     finally:
         model.close()
+
+
+@pytest.fixture(scope="module")
+def wide(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OnnxModel]:
+    """The bench's wide model: demo's shape, 151,936 logits a row (as Qwen's), so the step samples on threads."""
+    folder = tmp_path_factory.mktemp("wide")
+    build_demo_model(folder, size="wide", endless=True)
+    model = OnnxRuntimeBackend(prefill_chunk=CHUNK).load(folder, device="cpu")
+    yield model
+    model.close()
+
+
+def test_rows_sampled_on_several_threads_at_a_real_vocabulary_give_the_tokens_of_each_request_alone(
+    wide: OnnxModel,
+) -> None:
+    """Seeded, greedy, penalised and grammar-bound rows in one step, shared out over three sampling threads."""
+    assert wide.vocab_size == 151936
+    grammar = format_grammar({"text": {"format": {"type": "json_object"}}})
+    params = [
+        SamplingParams(max_output_tokens=30, temperature=0.7, top_p=0.9, seed=1),
+        SamplingParams(max_output_tokens=24, temperature=0),
+        SamplingParams(max_output_tokens=28, temperature=0.8, top_k=40, repetition_penalty=1.1, seed=2),
+        SamplingParams(max_output_tokens=20, temperature=1.0, frequency_penalty=0.7, seed=3),
+        SamplingParams(max_output_tokens=26, temperature=0.7, top_p=0.95, grammar=grammar, seed=4),
+    ]
+    requests = [
+        Request([3 + (5 * index + 11 * i) % 400 for i in range(9 + 4 * index)], p, hold_for=5 if index == 0 else 0)
+        for index, p in enumerate(params)
+    ]
+    expected = [alone(wide, r.prompt, r.params) for r in requests]
+    observer = Observer()
+    engine = fresh_engine(wide, max_batch=5, observer=observer, sampling_threads=3)
+    try:
+        got = [ids_of(chunks) for chunks in run_together(engine, wide, requests)]
+    finally:
+        engine.close()
+    assert got == expected
+    assert all(len(ids) == p.max_output_tokens for ids, p in zip(got[:4], params[:4], strict=True))
+    assert max(observer.steps) == 5  # every row in one step, so the step's rows went to the pool together
+    assert all(token < 512 for ids in got for token in ids)  # the padded logits are never sampled

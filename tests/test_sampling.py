@@ -17,6 +17,7 @@ import json
 import shutil
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -28,7 +29,7 @@ from tests.support.tasks import wait_for_status
 from workers.backends.base import SamplingParams
 from workers.backends.errors import GenerationError
 from workers.backends.onnx import OnnxModel, OnnxRuntimeBackend
-from workers.backends.sampling import Sampler, SamplingDefaults, SamplingSettings
+from workers.backends.sampling import Sampler, SamplingDefaults, SamplingPool, SamplingSettings
 
 QWEN_CONFIG = {"do_sample": True, "repetition_penalty": 1.05, "temperature": 0.7, "top_k": 20, "top_p": 0.8}
 PROMPT = {"instructions": "Tell a story.", "input": "The lighthouse keeper climbed the stairs"}
@@ -243,6 +244,118 @@ def test_every_cut_picks_exactly_what_the_plain_float64_formulas_pick(vocab: int
             assert np.array_equal(logits, before)  # the penalty works on a copy, never the session's row
             picks.add(pick)
     assert len(picks) > min(vocab, 40) // 2
+
+
+def row_of_shape(rng: np.random.Generator, shape: str, vocab: int) -> np.ndarray:
+    """float32 logits of one shape a model's rows take, each sending the sampler down another path."""
+    if shape == "peaked":  # a few strong candidates over a long tail: the nucleus is a handful of ids
+        row = rng.normal(0.0, 2.0, size=vocab)
+        row[rng.integers(0, vocab, size=8)] += rng.uniform(8.0, 14.0, size=8)
+    elif shape == "flat":  # nearly uniform: the nucleus is most of the vocabulary (one full sort)
+        row = rng.normal(0.0, 0.01, size=vocab)
+    elif shape == "ties":  # few distinct values: ties at every cut and threshold
+        row = np.round(rng.normal(0.0, 3.0, size=vocab), 0)
+    elif shape == "masked":  # a grammar's row: most ids at -inf
+        row = rng.normal(0.0, 3.0, size=vocab)
+        row[rng.random(vocab) < 0.9] = -np.inf
+    else:  # "spread": no id near the peak but the peak itself, so the first candidate cuts find too few
+        row = rng.normal(0.0, 1.0, size=vocab)
+        row[rng.integers(0, vocab)] += 33.0
+        row[rng.integers(0, vocab, size=vocab // 3)] += 25.0
+    return row.astype(np.float32)
+
+
+SHAPES = ["peaked", "flat", "ties", "masked", "spread"]
+SHAPE_CASES = [
+    {"temperature": 0.7, "top_p": 0.9},
+    {"temperature": 1.0, "top_p": 0.999},
+    {"temperature": 0.05, "top_p": 0.5},
+    {"temperature": 0.7, "top_k": 40},
+    {"temperature": 0.7, "top_k": 2000, "top_p": 0.95},  # more ids than lie near the peak: the whole-row search
+    {"temperature": 1.3, "top_k": 1},
+    {"temperature": 0.9, "top_p": 0.8, "min_p": 0.05},
+    {"temperature": 0.7, "min_p": 0.1},
+    {"temperature": 1.0},
+    {"temperature": 1e300, "top_p": 0.9},  # every scaled score rounds to a handful of values
+    {"temperature": 1e300, "top_k": 5},
+]
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_every_shape_of_row_gives_the_plain_formulas_pick(shape: str) -> None:
+    """Peaks, flat rows, ties, masks, temperatures that merge scores: the shortcuts change no pick."""
+    rng = np.random.default_rng(SHAPES.index(shape))
+    picks = set()
+    for vocab in (600, 151936):
+        for trial in range(3):
+            logits = row_of_shape(rng, shape, vocab)
+            for case in SHAPE_CASES:
+                settings = SamplingSettings(**case)
+                seed = 100 * trial + len(picks)
+                draw = np.random.Generator(np.random.PCG64(seed)).random()
+                pick = Sampler(settings, seed=seed, vocab_size=vocab).sample(logits)
+                assert pick == plain_pick(logits, settings, draw), (vocab, trial, case)
+                picks.add(pick)
+    assert len(picks) > 20
+
+
+def test_a_temperature_so_small_that_the_scores_overflow_fails_the_row() -> None:
+    logits = np.array([0.0, 1.0, 2.0], dtype=np.float32)
+    with pytest.raises(GenerationError, match="not finite"):
+        sampler(temperature=1e-310, top_p=0.9, vocab=3).sample(logits)
+
+
+def test_a_step_sampled_on_several_threads_picks_what_each_row_picks_alone() -> None:
+    """Which thread samples a row changes no bit; a row that fails fails alone."""
+    rng = np.random.default_rng(12)
+    width = 151936
+    settings = [
+        SamplingSettings(temperature=0.7, top_p=0.9),
+        SamplingSettings(temperature=0.0),
+        SamplingSettings(temperature=0.7, top_k=20, top_p=0.8, repetition_penalty=1.05),
+        SamplingSettings(temperature=1.0, min_p=0.05, frequency_penalty=0.5),
+        SamplingSettings(temperature=0.0, repetition_penalty=1.3),
+        SamplingSettings(temperature=1.2),
+        SamplingSettings(temperature=0.7, top_p=0.9),
+    ]
+    steps = [[row_of_shape(rng, SHAPES[(r + n) % 5], width) for r in range(len(settings))] for n in range(4)]
+    broken = steps[2][3] = steps[2][3].copy()
+    broken[5] = np.nan  # row 3's logits at the third step
+
+    def samplers() -> list[Sampler]:
+        return [Sampler(s, seed=r, context_ids=[r, 7, 99], vocab_size=width) for r, s in enumerate(settings)]
+
+    def outcome(pick: int | GenerationError) -> int | str:
+        return pick if isinstance(pick, int) else f"failed: {pick}"
+
+    def sample_alone(sampler_: Sampler, row: np.ndarray) -> int | str:
+        try:
+            return sampler_.sample(row)
+        except GenerationError as exc:
+            return outcome(exc)
+
+    alone_samplers = samplers()
+    alone = [[sample_alone(s, row) for s, row in zip(alone_samplers, rows, strict=True)] for rows in steps]
+    pool = SamplingPool(threads=3)
+    try:
+        pooled_samplers = samplers()
+        together = [
+            [
+                outcome(pick)
+                for pick in pool.run(
+                    [partial(s.sample, row) for s, row in zip(pooled_samplers, rows, strict=True)], width=width
+                )
+            ]
+            for rows in steps
+        ]
+    finally:
+        pool.close()
+    assert together == alone
+    assert str(together[2][3]).startswith("failed: the model produced logits that are not finite")
+    assert all(
+        isinstance(pick, int) for n, picks in enumerate(together) for r, pick in enumerate(picks) if (n, r) != (2, 3)
+    )
+    assert [s.get_state() for s in pooled_samplers] == [s.get_state() for s in alone_samplers]
 
 
 def test_samplers_in_parallel_threads_draw_what_they_draw_alone() -> None:

@@ -4,7 +4,7 @@ A task thread asks :func:`engine_for` for the engine of the model its task
 runs on and submits its generation there (``workers.execution``). The
 engine's model thread steps every row of that model together; the settings
 (``LMSP_MAX_BATCH``, ``LMSP_KV_CACHE_BYTES``/``LMSP_KV_CACHE_SHARE``, the
-delta batch window) are read here, so the backend knows nothing of Django.
+delta batch window, ``LMSP_SAMPLING_THREADS``) are read here, so the backend knows nothing of Django.
 
 :func:`engines_drain` is what a SIGTERM calls (``workers.shutdown``): engines
 take no new rows, and rows still running after the grace period end
@@ -36,12 +36,16 @@ def engine_for(model: LoadedModel, *, worker: str, model_name: str) -> Engine:
     # 5 ms switch interval it then waits behind a task thread's commit code
     # for up to 5 ms per step. A short interval hands it back at once.
     sys.setswitchinterval(SWITCH_INTERVAL_SECONDS)
+    # Here, not at the top: a process that never loads a model never imports numpy (docs/decisions/0003).
+    from workers.backends.sampling import automatic_sampling_threads
+
     engine = model.engine(
         max_batch=settings.LMSP_MAX_BATCH,
         kv_budget_bytes=settings.LMSP_KV_CACHE_BYTES,
         kv_share=settings.LMSP_KV_CACHE_SHARE,
         delta_tokens=settings.LMSP_DELTA_BATCH_TOKENS,
         delta_seconds=settings.LMSP_DELTA_BATCH_MS / 1000,
+        sampling_threads=settings.LMSP_SAMPLING_THREADS or automatic_sampling_threads(),
         observer=lambda: EngineMetrics(worker=worker, model=model_name, max_batch=settings.LMSP_MAX_BATCH),
     )
     with _lock:

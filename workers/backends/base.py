@@ -265,11 +265,12 @@ class LoadedModel(Protocol):
         delta_tokens: int,
         delta_seconds: float,
         observer: Callable[[], EngineObserver] | None = None,
+        sampling_threads: int = 1,
     ) -> Engine:
         """This model's engine (created on first use with these settings; one per process).
 
         ``kv_budget_bytes`` 0 means ``kv_share`` of the device's free memory (of the host's, on CPU);
-        ``observer`` makes the engine's observer, once."""
+        ``observer`` makes the engine's observer, once; ``sampling_threads`` sample a step's rows."""
         ...
 
     def close(self) -> None: ...

@@ -43,6 +43,7 @@ import time
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -53,6 +54,7 @@ from workers.backends.errors import GenerationError
 from workers.backends.onnx.kv_batch import CacheOps, KVBatch
 from workers.backends.onnx.kv_decoder import prompt_calls
 from workers.backends.onnx.session import cuda_free_bytes
+from workers.backends.sampling import SamplingPool
 
 if TYPE_CHECKING:
     from workers.backends.onnx.generation import OnnxGeneration
@@ -141,6 +143,7 @@ class BatchEngine:
         delta_tokens: int,
         delta_seconds: float,
         observer: EngineObserver | None = None,
+        sampling_threads: int = 1,
     ) -> None:
         self.model = model
         self.max_batch = max(1, max_batch)
@@ -163,6 +166,7 @@ class BatchEngine:
         self._step_seconds = 0.0
         self._slice = 16
         self._masks: MaskPlanner | None = None
+        self._sampling = SamplingPool(threads=sampling_threads)
         self._thread = threading.Thread(target=self._loop, name=f"lmsp-engine-{model.name}", daemon=True)
         self._thread.start()
 
@@ -257,6 +261,7 @@ class BatchEngine:
         finally:
             if self._masks is not None:
                 self._masks.close()
+            self._sampling.close()
             self.observer.close()
 
     def _iterate(self) -> bool:
@@ -350,7 +355,11 @@ class BatchEngine:
         assert logits is not None
         if masks is not None:
             self.observer.masks(rows=len(constrained), seconds=MaskPlanner.wait(masks))
-        done = [row for row, row_logits in zip(rows, logits, strict=True) if not self._accept(row, row_logits, now)]
+        picks = self._sampling.run(
+            [partial(row.generation.pick, row_logits) for row, row_logits in zip(rows, logits, strict=True)],
+            width=logits.shape[-1],
+        )
+        done = [row for row, pick in zip(rows, picks, strict=True) if not self._take(row, pick, now)]
         if done:
             self._leave(group, done, emitted=True)
         return len(rows)
@@ -358,7 +367,17 @@ class BatchEngine:
     def _accept(self, row: _Row, logits: np.ndarray, now: float) -> bool:
         """Sample ``row``'s next token; False when the row is over (its last chunk is out)."""
         try:
-            steps = row.generation.accept(logits)
+            pick: int | GenerationError = row.generation.pick(logits)
+        except GenerationError as exc:
+            pick = exc
+        return self._take(row, pick, now)
+
+    def _take(self, row: _Row, pick: int | GenerationError, now: float) -> bool:
+        """Move ``row`` on by its picked token; False when the row is over (its last chunk is out)."""
+        try:
+            if isinstance(pick, GenerationError):
+                raise pick
+            steps = row.generation.take(pick)
         except GenerationError as exc:
             row.stream.put(Chunk.failed(exc))
             return False

@@ -241,12 +241,23 @@ class OnnxGeneration:
         Sets ``finish_reason`` when this token ends the generation; the next
         id to feed is otherwise ``generated_ids[-1]``.
         """
-        constraint = self.constraint
-        if constraint is None:
-            token = self.sampler.sample(logits)
-        else:
-            token = self.sampler.sample(constraint.masked(logits))
-            constraint.consume(token)
+        return self.take(self.pick(logits))
+
+    def pick(self, logits: np.ndarray) -> int:
+        """The next token from ``logits``, under the output constraint if there is one; nothing else moves.
+
+        Safe on any thread while no other call runs on this generation: the
+        batch engine picks a step's rows on its sampling threads, then
+        :meth:`take` s each on the model thread.
+        """
+        if self.constraint is None:
+            return self.sampler.sample(logits)
+        return self.sampler.sample(self.constraint.masked(logits))
+
+    def take(self, token: int) -> list[Step]:
+        """Move on by ``token`` (from :meth:`pick`): the grammar, the ids, the text; the steps it makes."""
+        if self.constraint is not None:
+            self.constraint.consume(token)
         self.generated_ids.append(token)
         if token in self.model.eos_token_ids:
             return [Step(token, ""), *self._finish(FINISH_EOS, self.generated_ids[:-1])]

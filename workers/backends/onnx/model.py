@@ -247,6 +247,7 @@ class OnnxModel:
         delta_tokens: int,
         delta_seconds: float,
         observer: Callable[[], EngineObserver] | None = None,
+        sampling_threads: int = 1,
     ) -> BatchEngine:
         """This model's batch engine, started on first use (later calls return it as it is).
 
@@ -263,6 +264,7 @@ class OnnxModel:
                     delta_tokens=delta_tokens,
                     delta_seconds=delta_seconds,
                     observer=observer() if observer is not None else None,
+                    sampling_threads=sampling_threads,
                 )
             return self._engine
 
