@@ -530,6 +530,34 @@ async def wait_until(check: Callable[[], bool], timeout: float, period: float = 
 # --------------------------------------------------------------------------
 
 
+def progress_commits(svc: Service, streams: list[Stream], wall: float | None) -> dict[str, Any]:
+    """The worker's transactions that wrote the round's deltas, from the SQLite file the services share.
+
+    One transaction stamps its events with one time (``lifecycle``: the commit's own clock reading), so
+    the distinct (time) values among the round's delta events are its commits, whether each task
+    committed alone or a commit window wrote many tasks at once; (task, time) pairs are the task-batches.
+    """
+    import sqlite3
+
+    ids = [s.task_id for s in streams if s.task_id]
+    path = svc.env["DATABASE_URL"].removeprefix("sqlite:///")
+    if not ids or not wall or not path.startswith("/"):
+        return {}
+    marks = ",".join("?" * len(ids))
+    query = (
+        f"SELECT COUNT(DISTINCT created_at), COUNT(DISTINCT task_id || created_at) FROM task_events"
+        f" WHERE task_id IN ({marks}) AND type = 'response.output_text.delta'"
+    )
+    with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
+        commits, batches = db.execute(query, ids).fetchone()
+    return {
+        "commits": commits,
+        "task_batches": batches,
+        "per_s": round(commits / wall, 1),
+        "tasks_per_commit": round(batches / commits, 2) if commits else None,
+    }
+
+
 def round_figures(streams: list[Stream], cpu: dict[str, float]) -> dict[str, Any]:
     done = [s for s in streams if s.terminal_at is not None]
     errors = [s.error for s in streams if s.error]
@@ -677,11 +705,14 @@ async def measure_service(svc: Service, args: argparse.Namespace, name: str, mod
             before = svc.group_cpu()
             streams = await run_round(svc, kind, model, n, tokens, timeout)
             figures = round_figures(streams, cpu_delta(before, svc.group_cpu()))
+            figures["commits"] = progress_commits(svc, streams, figures["wall_s"])
             rounds[str(n)][kind] = figures
             ttft, itl = figures["ttft"].get("p50_ms"), figures["itl_token"].get("p99_ms")
             log(
                 f"  {name} N={n} {kind}: {figures['tokens_per_s']} tokens/s, TTFT p50 {ttft} ms,"
-                f" ITL per token p99 {itl} ms, errors {figures['error_count']}"
+                f" ITL per token p99 {itl} ms, errors {figures['error_count']},"
+                f" {figures['commits'].get('per_s')} progress commits/s"
+                f" ({figures['commits'].get('tasks_per_commit')} tasks each)"
             )
     return rounds
 

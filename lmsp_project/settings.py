@@ -333,6 +333,9 @@ if LMSP_DEVICE not in {"auto", "cpu", "cuda"}:
 # Deltas are committed in batches: whichever comes first, this many tokens or
 # this much time since the batch's first token.
 LMSP_DELTA_BATCH_TOKENS = _env_int("LMSP_DELTA_BATCH_TOKENS", 16)
+# A run waits this long for its first token before it commits its start: a short prompt's first token
+# comes within it, and the start and the first delta are then one commit (docs/workers.md). 0: never.
+LMSP_START_FOLD_MS = _env_float("LMSP_START_FOLD_MS", 25.0)
 LMSP_DELTA_BATCH_MS = _env_int("LMSP_DELTA_BATCH_MS", 50)
 # A worker holding a task writes its heartbeat at least this often.
 LMSP_HEARTBEAT_SECONDS = _env_int("LMSP_HEARTBEAT_SECONDS", 10)

@@ -157,40 +157,83 @@ class _Write:
 
 
 def _apply(task_id: str, write: _Write) -> TransitionResult:
-    # Encoded before the lock: a batch's deltas and snapshot row cost the other writers nothing
-    # (bench/write_lock_hold.py).
-    known = [events.encoded(event) for event in write.events]
-    snapshot = _snapshot_encoded(write.snapshot)
+    encoded = _Encoded.of(write)
     # A lock wait that runs out (a frozen writer holds it) is DatabaseBusy: nothing was written.
     with busy_as_unavailable(), transaction.atomic(savepoint=False):
         # Read once the lock is ours (SQLite's BEGIN IMMEDIATE waited for it
         # above), so a commit that waited long still stamps a fresh heartbeat.
         now = timezone.now()
-        won = _compare_and_set(task_id, write, now)
-        if faults.ARMED and won:
-            faults.freeze_point(_VERB_OF.get(write.move, ""))
-        try:
-            task = Task.objects.get(pk=task_id)
-        except Task.DoesNotExist:
-            raise TaskNotFound(f"task {task_id} does not exist") from None
-        if not won:
-            return TransitionResult(won=False, task=task)
-        specs = known
-        if write.response is not None or write.opening or write.closing:
-            # Only moves that change or show the response read it: a batch of
-            # deltas need not load the prompt and output it does not touch.
-            task.response = response = _response_update(task, write, now)
-            if write.opening:
-                specs.insert(0, events.encoded(write.opening(response)))
-            if write.closing:
-                specs.append(events.encoded(write.closing(response)))
-        rows = _events_insert(task, specs, now)
-        _snapshots_keep(task, write, snapshot, now)
-        if task.notify_webhooks and task.status in states.TERMINAL:
-            # The outbox rows commit with the task's end, or neither does (docs/webhooks.md).
-            end = TaskEnd(task.id, task.response_id, task.client_id, str(specs[-1].type))
-            webhook_deliveries_enqueue(ends=[end], now=now)
-        task_changed_on_commit(task.id, task.status, task.last_sequence)
+        result = _applied(task_id, write, encoded, now)
+        if result.won:
+            task_changed_on_commit(result.task.id, result.task.status, result.task.last_sequence)
+    return result
+
+
+def _apply_group(writes: Sequence[tuple[str, _Write]]) -> list[TransitionResult | None]:
+    """:func:`_apply` for many tasks in one transaction, each task's compare-and-set on its own.
+
+    A task that lost its compare-and-set writes nothing and the others go on;
+    one that does not exist gets None. The rows are written in id order, so
+    two groups (or a group and recovery's page) never wait on each other in
+    a circle; one wake-up message after the commit carries every change.
+    """
+    encoded = [_Encoded.of(write) for _, write in writes]
+    order = sorted(range(len(writes)), key=lambda index: writes[index][0])
+    results: list[TransitionResult | None] = [None] * len(writes)
+    with busy_as_unavailable(), transaction.atomic(savepoint=False):
+        now = timezone.now()
+        for index in order:
+            task_id, write = writes[index]
+            try:
+                results[index] = _applied(task_id, write, encoded[index], now)
+            except TaskNotFound:
+                continue  # its compare-and-set matched no row: nothing was written for it
+        tasks_changed_on_commit(
+            [(r.task.id, r.task.status, r.task.last_sequence) for r in results if r is not None and r.won]
+        )
+    return results
+
+
+@dataclass(frozen=True)
+class _Encoded:
+    """A write's events and snapshot row as the database stores them, made before the lock is taken."""
+
+    events: list[events.Encoded]
+    snapshot: tuple[str, str] | None
+
+    @classmethod
+    def of(cls, write: _Write) -> _Encoded:
+        # Encoded before the lock: a batch's deltas and snapshot row cost the other writers nothing
+        # (bench/write_lock_hold.py).
+        return cls([events.encoded(event) for event in write.events], _snapshot_encoded(write.snapshot))
+
+
+def _applied(task_id: str, write: _Write, encoded: _Encoded, now: datetime) -> TransitionResult:
+    """One task's compare-and-set and, if it won, its writes, inside the caller's transaction."""
+    won = _compare_and_set(task_id, write, now)
+    if faults.ARMED and won:
+        faults.freeze_point(_VERB_OF.get(write.move, ""))
+    try:
+        task = Task.objects.get(pk=task_id)
+    except Task.DoesNotExist:
+        raise TaskNotFound(f"task {task_id} does not exist") from None
+    if not won:
+        return TransitionResult(won=False, task=task)
+    specs = list(encoded.events)
+    if write.response is not None or write.opening or write.closing:
+        # Only moves that change or show the response read it: a batch of
+        # deltas need not load the prompt and output it does not touch.
+        task.response = response = _response_update(task, write, now)
+        if write.opening:
+            specs.insert(0, events.encoded(write.opening(response)))
+        if write.closing:
+            specs.append(events.encoded(write.closing(response)))
+    rows = _events_insert(task, specs, now)
+    _snapshots_keep(task, write, encoded.snapshot, now)
+    if task.notify_webhooks and task.status in states.TERMINAL:
+        # The outbox rows commit with the task's end, or neither does (docs/webhooks.md).
+        end = TaskEnd(task.id, task.response_id, task.client_id, str(specs[-1].type))
+        webhook_deliveries_enqueue(ends=[end], now=now)
     return TransitionResult(won=True, task=task, events=tuple(rows))
 
 
@@ -361,19 +404,31 @@ def task_adopt(*, task_id: str, worker: str) -> TransitionResult:
 
 
 def task_start(
-    *, task_id: str, worker: str, item_id: str | None, snapshot: Mapping[str, Any] | None = None
+    *,
+    task_id: str,
+    worker: str,
+    item_id: str | None,
+    snapshot: Mapping[str, Any] | None = None,
+    deltas: Sequence[str] = (),
+    output_tokens: int | None = None,
 ) -> TransitionResult:
     """``loading -> running``: ``response.in_progress`` and the empty output item and text part.
 
     ``snapshot`` is the run's first snapshot row (with the prompt ids). A run
     that may call tools passes no ``item_id``: its items open as the model
-    writes them (``output_items``).
+    writes them (``output_items``). A run whose first tokens came before it
+    started passes their ``deltas`` and ``output_tokens`` (the snapshot then
+    accounts for them): one commit instead of a start and a first batch.
     """
     opened = [] if item_id is None else events.message_opened(item_id, 0)
+    if deltas and item_id is None:
+        raise ValueError("deltas need the message item they belong to")
+    written = [*opened, *(events.message_delta(item_id, 0, text) for text in deltas if item_id is not None)]
     write = _Write(
         MOVES["task_start"],
+        task={} if output_tokens is None else {"output_tokens": output_tokens},
         stamped=_BEAT,
-        events=opened,
+        events=written,
         opening=events.in_progress,
         snapshot=snapshot,
         holder=worker,
@@ -398,16 +453,50 @@ def task_progress(
     A run that may call tools passes ``item_events`` (``output_items``:
     items opened, text and argument deltas, items closed) instead of ``deltas``.
     """
-    written = list(item_events) if item_events is not None else [events.message_delta(item_id, 0, t) for t in deltas]
-    write = _Write(
+    batch = ProgressBatch(task_id, worker, item_id, deltas, output_tokens, snapshot, item_events)
+    return _apply(task_id, _progress_write(batch))
+
+
+@dataclass(frozen=True)
+class ProgressBatch:
+    """One task's share of :func:`tasks_progress`: what :func:`task_progress` takes."""
+
+    task_id: str
+    worker: str
+    item_id: str
+    deltas: Sequence[str]
+    output_tokens: int
+    snapshot: Mapping[str, Any] | None = None
+    item_events: Sequence[Event] | None = None
+
+
+def tasks_progress(*, batches: Sequence[ProgressBatch]) -> list[TransitionResult | None]:
+    """:func:`task_progress` for many running tasks in one transaction (a worker's commit window).
+
+    Each task's compare-and-set is checked on its own: one that lost (a
+    cancel, another writer) writes nothing and gets ``won`` False, the
+    others commit. A task that does not exist gets None. Results come in the
+    order of ``batches``; a task appears at most once.
+    """
+    if len({batch.task_id for batch in batches}) != len(batches):
+        raise ValueError("a task appears twice in one group of progress batches")
+    return _apply_group([(batch.task_id, _progress_write(batch)) for batch in batches])
+
+
+def _progress_write(batch: ProgressBatch) -> _Write:
+    written = (
+        list(batch.item_events)
+        if batch.item_events is not None
+        else [events.message_delta(batch.item_id, 0, text) for text in batch.deltas]
+    )
+    return _Write(
         MOVES["task_progress"],
-        task={"output_tokens": output_tokens},
+        task={"output_tokens": batch.output_tokens},
         stamped=_BEAT,
         events=written,
-        snapshot=snapshot,
-        holder=worker,
+        snapshot=batch.snapshot,
+        holder=batch.worker,
     )
-    return _apply(task_id, write)
 
 
 def task_heartbeat(*, task_id: str, worker: str) -> TransitionResult:

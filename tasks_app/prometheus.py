@@ -98,6 +98,11 @@ BATCH_TOKENS = HistogramSpec(
     "Generated tokens one commit of a generation accounts for; the sum is every token committed.",
     (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 128, 256),
 )
+COMMIT_GROUP_TASKS = HistogramSpec(
+    "lmsp_commit_group_tasks",
+    "Running tasks whose batches one transaction of a worker's commit window wrote; the count is the commits.",
+    (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 256),
+)
 CONSTRAINT_FAILURES = HistogramSpec(
     "lmsp_constraint_failure_output_tokens",
     "Output tokens of a constrained generation when its constraint failed and failed the task (the grammar "
@@ -111,6 +116,7 @@ WORKER_HISTOGRAMS: tuple[HistogramSpec, ...] = (
     CANCEL_LATENCY,
     BATCH_EVENTS,
     BATCH_TOKENS,
+    COMMIT_GROUP_TASKS,
     CONSTRAINT_FAILURES,
 )
 

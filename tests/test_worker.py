@@ -354,3 +354,21 @@ def test_post_responses_refuses_bad_input_as_a_problem(api, running_worker):
 def test_post_responses_is_the_only_method(api, method):
     reply = getattr(api.http, method)("/lmsp/v1/responses", headers={"Authorization": f"Bearer {api.token}"})
     assert reply.status_code == 405
+
+
+def test_a_short_prompt_starts_and_commits_its_first_delta_in_one_transaction(api, running_worker):
+    """The start waits a few milliseconds for the first token (LMSP_START_FOLD_MS): one commit shows both."""
+    task = create(api, "Say something", max_output_tokens=60, seed=3)
+    done = wait_for_status(api, task["id"], TERMINAL)
+    assert done["status"] == "succeeded"
+    rows = list(TaskEvent.objects.filter(task_id=task["id"]).order_by("sequence_number"))
+    types = [row.type for row in rows]
+    first_delta = types.index("response.output_text.delta")
+    assert types[1:first_delta] == ["response.in_progress", "response.output_item.added", "response.content_part.added"]
+    # One transaction stamps its events with one time: the start's events and the first delta(s) share it.
+    started_at = rows[1].created_at
+    assert rows[first_delta].created_at == started_at
+    assert rows[0].created_at < started_at  # the create is its own commit, before
+    assert_well_formed_log([json.loads(row.payload) for row in rows])
+    text = done["response"]["output"][0]["content"][0]["text"]
+    assert text == delta_text([json.loads(row.payload) for row in rows])

@@ -15,9 +15,11 @@ model never waits for it.
 Deltas are committed in batches: the engine hands over a row's first token
 at once, then every ``LMSP_DELTA_BATCH_TOKENS`` tokens or
 ``LMSP_DELTA_BATCH_MS`` milliseconds, and what piled up while a commit ran
-is merged into the next one. Each batch is one ``task_progress`` that
-appends the deltas, stores the snapshot row and checks, through the
-compare-and-set on ``running``, that no cancel won meanwhile. The engine
+is merged into the next one. Each batch appends the deltas, stores the
+snapshot row and checks, through the compare-and-set on ``running``, that no
+cancel won meanwhile; the process's commit window (``workers.commit_window``)
+writes the batches of all its rows that are ready in one transaction
+(``tasks_progress``), each task's compare-and-set on its own. The engine
 watches a flag the cancel watcher sets from Redis before every model call
 of the row, so a cancel stops its row within one decode step; a lost
 compare-and-set stops the row from here.
@@ -25,13 +27,14 @@ compare-and-set stops the row from here.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypeVar
 
 from django.conf import settings
 from django.db import DatabaseError, close_old_connections, connection
@@ -76,9 +79,10 @@ from workers.backends.base import (
 )
 from workers.backends.errors import ConstraintFailed, ContextTooLong, ModelLoadError, PromptRejected, RuntimeFailure
 from workers.cancel_watcher import cancel_watcher
+from workers.commit_window import CommitWindow
 from workers.engine import engine_for
 from workers.model_cache import model_cache
-from workers.run_metrics import RunMetrics
+from workers.run_metrics import RunMetrics, commit_group_observed
 from workers.shutdown import task_handed_back_log
 
 logger = logging.getLogger(__name__)
@@ -118,12 +122,16 @@ def runtime_problem(exc: BaseException) -> dict[str, Any]:
     return BackendError(f"The inference backend failed ({detail})").to_problem()
 
 
+Result = TypeVar("Result")
+
+
 class DatabaseGaveUp(Exception):
     """The database could not be written for as long as a commit may wait (locked, or unreachable)."""
 
     def __init__(self, verb: str, task_id: str | None, seconds: float, cause: BaseException) -> None:
         super().__init__(f"{verb} for {task_id}: the database could not be written for {seconds:.0f} s ({cause})")
         self.seconds = seconds
+        self.cause = cause
 
 
 def _unavailable(exc: BaseException) -> bool:
@@ -131,8 +139,8 @@ def _unavailable(exc: BaseException) -> bool:
 
 
 def _committed(
-    verb: Callable[..., TransitionResult], *, patience: float | None = None, **kwargs: Any
-) -> TransitionResult:
+    verb: Callable[..., Result], *, patience: float | None = None, subject: str | None = None, **kwargs: Any
+) -> Result:
     """Call a lifecycle verb, retrying while the database cannot be written (its lock, or its connection).
 
     A failed try wrote nothing, so trying again is exact. Another process
@@ -144,6 +152,7 @@ def _committed(
     be written, :class:`DatabaseGaveUp` says so and the run hands its task back.
     """
     patience = settings.LMSP_HEARTBEAT_TIMEOUT_SECONDS if patience is None else patience
+    subject = kwargs.get("task_id") if subject is None else subject
     started = time.monotonic()
     pause = 0.05
     while True:
@@ -156,15 +165,22 @@ def _committed(
                 # A broken connection stays broken: the next try opens a new one.
                 connection.close()
             if time.monotonic() + pause - started >= patience:
-                raise DatabaseGaveUp(verb.__name__, kwargs.get("task_id"), time.monotonic() - started, exc) from exc
+                raise DatabaseGaveUp(verb.__name__, subject, time.monotonic() - started, exc) from exc
             logger.warning(
                 "%s for %s: the database cannot be written now (%s); retrying",
                 verb.__name__,
-                kwargs.get("task_id"),
+                subject,
                 "locked by another writer" if isinstance(exc, DatabaseBusy) else _one_line(exc),
             )
             time.sleep(pause)
             pause = min(pause * 2, 1.0)
+
+
+def _progress_group(batches: Sequence[lifecycle.ProgressBatch]) -> list[TransitionResult | None]:
+    return _committed(lifecycle.tasks_progress, batches=batches, subject=f"{len(batches)} tasks")
+
+
+_commit_window = CommitWindow(_progress_group, observe=commit_group_observed)
 
 
 def _one_line(exc: BaseException) -> str:
@@ -519,7 +535,8 @@ def _resume_generation(
             run.generation.output_tokens,
             run.generation.seed,
         )
-        return _stream(run, _submit(run, model))
+        stream = _submit(run, model)
+        return _stream(run, stream, iter(stream))
     except DatabaseGaveUp:
         raise
     except Exception as exc:
@@ -586,38 +603,68 @@ def _generate(run: _Run, model: LoadedModel, request: Mapping[str, Any], cancell
     # Taken before the engine has the generation; the prefill then overlaps the start's commit.
     first = run.snapshot()
     stream = _submit(run, model)
+    chunks = iter(stream)
     # A run that may call tools opens its items as the model writes them.
     opened = None if run.tools is not None else run.item_id
+    head: Chunk | None = None
+    folded = False
     try:
-        started = _committed(
-            lifecycle.task_start, task_id=run.task_id, worker=run.worker, item_id=opened, snapshot=first
-        )
+        # A short prompt's first token comes within a few milliseconds: then the start and the
+        # first delta are one commit, not two (a tool-calling run's items open as parsed: never).
+        if run.tools is None and settings.LMSP_START_FOLD_MS > 0 and stream.ready(settings.LMSP_START_FOLD_MS / 1000):
+            head = next(chunks)
+            folded = not head.final
+        if folded:
+            assert head is not None
+            _read_chunk(run, head)
+            started = _committed(
+                lifecycle.task_start,
+                task_id=run.task_id,
+                worker=run.worker,
+                item_id=opened,
+                snapshot=run.snapshot(),
+                deltas=run.pending,
+                output_tokens=run.output_tokens,
+            )
+        else:
+            started = _committed(
+                lifecycle.task_start, task_id=run.task_id, worker=run.worker, item_id=opened, snapshot=first
+            )
     except BaseException:
         stream.stop()
         raise
     if not started.won:
         stream.stop()
         return _after_lost_race(run, started)
-    run.snapshot_stored()
+    if folded:
+        _batch_stored(run, started)
+    else:
+        run.snapshot_stored()
     logger.info(
         "task %s running: %d prompt tokens, seed %d", run.task_id, run.generation.prompt_tokens, run.generation.seed
     )
-    return _stream(run, stream)
+    return _stream(run, stream, chunks if head is None or folded else itertools.chain([head], chunks))
 
 
-def _stream(run: _Run, stream: RowStream) -> str:
+def _read_chunk(run: _Run, chunk: Chunk) -> None:
+    """Take a chunk's steps into the pending batch (and its timing into the run's metrics)."""
+    if chunk.tokens:
+        # Timed on the model thread: a chunk read late still measures when its tokens came.
+        run.metrics.batch_started(chunk.first_at, chunk.output_tokens - chunk.tokens)
+        run.last_token_at = chunk.last_at
+    run.chunk = chunk
+    run.pending.extend(step.text for step in chunk.steps if step.text)
+    run.pending_tokens += chunk.tokens
+
+
+def _stream(run: _Run, stream: RowStream, chunks: Iterator[Chunk]) -> str:
     """Read the row's chunks to its end, committing each as one batch."""
     assert run.generation is not None
     try:
-        for chunk in stream:
-            if chunk.tokens:
-                # Timed on the model thread: a chunk read late still measures when its tokens came.
-                run.metrics.batch_started(chunk.first_at, chunk.output_tokens - chunk.tokens)
-                run.last_token_at = chunk.last_at
-            run.chunk = chunk
-            texts = [step.text for step in chunk.steps if step.text]
-            run.pending.extend(texts)
-            run.pending_tokens += chunk.tokens
+        for chunk in chunks:
+            read = len(run.pending)
+            _read_chunk(run, chunk)
+            texts = run.pending[read:]
             if run.tools is not None and texts:
                 try:
                     run.tools.read("".join(texts))
@@ -656,9 +703,9 @@ def _hand_back(run: _Run) -> str:
 
 
 def _commit_batch(run: _Run) -> TransitionResult | None:
-    """Commit the pending deltas; the lost compare-and-set's result if another writer moved the task."""
-    result = _committed(
-        lifecycle.task_progress,
+    """Commit the pending deltas, with the other rows' in this process's commit window; the lost
+    compare-and-set's result if another writer moved the task."""
+    batch = lifecycle.ProgressBatch(
         task_id=run.task_id,
         worker=run.worker,
         item_id=run.item_id,
@@ -667,9 +714,23 @@ def _commit_batch(run: _Run) -> TransitionResult | None:
         snapshot=run.snapshot(),
         item_events=run.tools.pending_events if run.tools is not None else None,
     )
+    outcome = _commit_window.progress(batch)
+    if isinstance(outcome.error, DatabaseGaveUp):
+        raise DatabaseGaveUp("task_progress", run.task_id, outcome.error.seconds, outcome.error.cause)
+    if outcome.error is not None:
+        raise outcome.error
+    if outcome.result is None:
+        raise TaskNotFound(f"task {run.task_id} does not exist")
+    result = outcome.result
     if not result.won:
         run.metrics.generation_stopped(run.output_tokens, at=run.last_token_at or None)
         return result
+    _batch_stored(run, result)
+    return None
+
+
+def _batch_stored(run: _Run, result: TransitionResult) -> None:
+    """The pending batch was committed (by ``result``): it is the event log's now."""
     run.metrics.batch_committed(events=len(result.events), tokens=run.pending_tokens)
     run.heartbeat.touched()
     run.snapshot_stored()
@@ -677,7 +738,6 @@ def _commit_batch(run: _Run) -> TransitionResult | None:
     run.pending, run.pending_tokens = [], 0
     if run.tools is not None:
         run.tools.pending_events = []
-    return None
 
 
 def _succeed(run: _Run) -> str:

@@ -48,6 +48,7 @@ from tasks_app.prometheus import (
     BATCH_TOKENS,
     CANCEL_LATENCY,
     CLAIM_TO_FIRST_TOKEN,
+    COMMIT_GROUP_TASKS,
     CONSTRAINT_FAILURES,
     ENGINE_BATCH_ROWS,
     ENGINE_CONSTRAINED_ROWS,
@@ -278,6 +279,12 @@ def _never_raises(method: Callable[P, None]) -> Callable[P, None]:
             logger.debug("worker metrics failure", exc_info=True)
 
     return wrapper
+
+
+@_never_raises
+def commit_group_observed(worker: str, tasks: int) -> None:
+    """One transaction of the commit window wrote ``tasks`` tasks' batches (``workers.commit_window``)."""
+    recorder().observe(COMMIT_GROUP_TASKS, worker, tasks)
 
 
 class RunMetrics:

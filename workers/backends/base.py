@@ -141,6 +141,10 @@ class RowStream(Protocol):
 
     def __iter__(self) -> Iterator[Chunk]: ...
 
+    def ready(self, timeout: float) -> bool:
+        """Whether a chunk has come, waiting at most ``timeout`` seconds for the first."""
+        ...
+
     def stop(self) -> None:
         """End the row before its next model call; its last chunk still comes."""
         ...

@@ -79,6 +79,7 @@ class RowStream:
         self.generation = generation
         self._engine = engine
         self._queue: queue.SimpleQueue[Chunk] = queue.SimpleQueue()
+        self._arrived = threading.Event()
         self.stopped = threading.Event()
 
     def stop(self) -> None:
@@ -88,6 +89,11 @@ class RowStream:
 
     def put(self, chunk: Chunk) -> None:
         self._queue.put(chunk)
+        self._arrived.set()
+
+    def ready(self, timeout: float) -> bool:
+        """Whether a chunk has come, waiting at most ``timeout`` seconds for the first."""
+        return self._arrived.wait(timeout)
 
     def __iter__(self) -> Iterator[Chunk]:
         """Chunks as they come; what queued meanwhile is merged, so a slow reader commits fewer, larger batches."""
