@@ -323,7 +323,9 @@ def test_a_stopped_row_leaves_and_the_others_are_undisturbed(loaded: Callable[[s
     assert finals[-1].final
 
 
-def test_a_long_prompt_joins_in_slices_beside_decoding_rows() -> None:
+def long_prompt_beside_rows(prefill_share: float) -> tuple[list[int], set[int]]:
+    """Two rows decoding, then a 200-token prompt joins: each row's tokens are checked against the request
+    alone; the long prompt's prefill calls, and the numbers of groups seen while it ran."""
     # A large prefill chunk: alone, the long prompt would go in one call.
     model = OnnxRuntimeBackend(prefill_chunk=512, intra_op_threads=1).load(MODELS / "qwen2-tiny", device="cpu")
     long_prompt = [(i * 7) % 300 + 3 for i in range(200)]
@@ -333,7 +335,7 @@ def test_a_long_prompt_joins_in_slices_beside_decoding_rows() -> None:
     ]
     long_params = SamplingParams(temperature=0, max_output_tokens=20)
     observer = Observer()
-    engine = fresh_engine(model, max_batch=3, observer=observer)
+    engine = fresh_engine(model, max_batch=3, observer=observer, prefill_share=prefill_share)
     decoding = threading.Barrier(3)
     results: list[list[int]] = [[], []]
 
@@ -365,13 +367,27 @@ def test_a_long_prompt_joins_in_slices_beside_decoding_rows() -> None:
         engine.close()
         model.close()
     assert results == expected and long_ids == expected_long
-    # The long prompt went in several calls while the rows decoded, none of them the whole prompt.
     short_calls, long_calls = observer.prefills[:2], observer.prefills[2:]
     assert sorted(short_calls) == [10, 12]
-    assert sum(long_calls) == len(long_prompt) and len(long_calls) > 1
+    assert sum(long_calls) == len(long_prompt)
+    return long_calls, groups
+
+
+def test_a_long_prompt_joins_in_slices_beside_decoding_rows() -> None:
+    long_calls, groups = long_prompt_beside_rows(prefill_share=0.9)
+    # The long prompt went in several calls while the rows decoded, none of them the whole prompt.
+    assert len(long_calls) > 1
     # 210 positions beside rows of ~20-60: it decodes in a group of its own rather than making
     # the short rows attend over its width on every step.
     assert 2 in groups
+
+
+def test_a_larger_prefill_share_fills_a_long_prompt_in_fewer_larger_slices() -> None:
+    """LMSP_PREFILL_SHARE: the prompt's slices are sized to that share of a decode step."""
+    small, _ = long_prompt_beside_rows(prefill_share=0.2)
+    large, _ = long_prompt_beside_rows(prefill_share=100)
+    assert len(large) < len(small)
+    assert max(large) > max(small)
 
 
 def test_a_graph_that_quantizes_per_call_never_shares_a_call(loaded: Callable[[str], OnnxModel]) -> None:

@@ -142,12 +142,15 @@ def assert_histograms_consistent(samples: Samples) -> None:
 def generation_commits(task_id: str, *, cancelled: bool) -> list[int]:
     """Events per commit of the generation, read from the log: commits share one created_at.
 
-    The first commit wrote ``response.created``, the second opened the run;
-    a cancelled task's last commit is the worker's ``response.cancelled``.
+    The first commit wrote ``response.created``; the second opened the run, and is a commit of the
+    generation when it holds the first deltas too (a start folded into the first delta's commit); a
+    cancelled task's last commit is the worker's ``response.cancelled``.
     """
-    rows = TaskEvent.objects.filter(task_id=task_id).order_by("sequence_number").values_list("created_at", flat=True)
-    sizes = [len(list(group)) for _, group in groupby(rows)]
-    return sizes[2:-1] if cancelled else sizes[2:]
+    rows = TaskEvent.objects.filter(task_id=task_id).order_by("sequence_number").values_list("created_at", "type")
+    groups = [[kind for _, kind in group] for _, group in groupby(rows, key=lambda row: row[0])]
+    opened_with_deltas = "response.output_text.delta" in groups[1]
+    generation = groups[1:] if opened_with_deltas else groups[2:]
+    return [len(group) for group in (generation[:-1] if cancelled else generation)]
 
 
 def test_finished_counters_and_worker_histograms_after_real_tasks(api, running_worker, web_server):

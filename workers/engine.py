@@ -46,6 +46,7 @@ def engine_for(model: LoadedModel, *, worker: str, model_name: str) -> Engine:
         delta_tokens=settings.LMSP_DELTA_BATCH_TOKENS,
         delta_seconds=settings.LMSP_DELTA_BATCH_MS / 1000,
         sampling_threads=settings.LMSP_SAMPLING_THREADS or automatic_sampling_threads(),
+        prefill_share=settings.LMSP_PREFILL_SHARE,
         observer=lambda: EngineMetrics(worker=worker, model=model_name, max_batch=settings.LMSP_MAX_BATCH),
     )
     with _lock:

@@ -62,10 +62,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# A prefill slice beside running rows aims at this share of a decode step, and takes at least
-# _MIN_SLICE ids: on a model whose one-token call costs about a step (weights read once per
-# call), smaller slices would barely move the prompt on while doubling the rows' gaps anyway.
-_SLICE_SHARE = 0.9
+# A prefill slice beside running rows aims at ``prefill_share`` of a decode step (LMSP_PREFILL_SHARE),
+# and takes at least _MIN_SLICE ids: on a model whose one-token call costs about a step (weights read
+# once per call), smaller slices would barely move the prompt on while doubling the rows' gaps anyway.
+DEFAULT_PREFILL_SHARE = 0.9
 _MIN_SLICE = 16
 # A joining row shares a group's calls while the padded group costs at most this much more
 # (rows x width) than the two apart.
@@ -150,8 +150,10 @@ class BatchEngine:
         delta_seconds: float,
         observer: EngineObserver | None = None,
         sampling_threads: int = 1,
+        prefill_share: float = DEFAULT_PREFILL_SHARE,
     ) -> None:
         self.model = model
+        self.prefill_share = prefill_share
         self.max_batch = max(1, max_batch)
         self.kv_budget = kv_budget_bytes
         self.delta_tokens = max(1, delta_tokens)
@@ -500,7 +502,7 @@ class BatchEngine:
         """Aim the next slice at about one decode step of the running rows."""
         if not self._groups or not self._step_seconds or seconds <= 0:
             return
-        target = tokens * _SLICE_SHARE * self._step_seconds / seconds
+        target = tokens * self.prefill_share * self._step_seconds / seconds
         self._slice = int(max(_MIN_SLICE, min(self.model.prefill_chunk, 0.5 * self._slice + 0.5 * target)))
 
     def _join(self, row: _Row) -> None:

@@ -23,7 +23,12 @@ from workers.backends.base import (
 from workers.backends.constraints import ConstraintTokenizer
 from workers.backends.errors import GenerationError, ModelLoadError
 from workers.backends.onnx.chat_template import ChatTemplate, tool_calls_as_text
-from workers.backends.onnx.engine import BatchEngine, automatic_kv_budget, kv_bytes_per_position
+from workers.backends.onnx.engine import (
+    DEFAULT_PREFILL_SHARE,
+    BatchEngine,
+    automatic_kv_budget,
+    kv_bytes_per_position,
+)
 from workers.backends.onnx.generation import OnnxGeneration
 from workers.backends.onnx.graph import graph_spec, quantizes_per_call, uses_group_query_attention
 from workers.backends.onnx.kv_decoder import KVDecoder
@@ -248,6 +253,7 @@ class OnnxModel:
         delta_seconds: float,
         observer: Callable[[], EngineObserver] | None = None,
         sampling_threads: int = 1,
+        prefill_share: float = DEFAULT_PREFILL_SHARE,
     ) -> BatchEngine:
         """This model's batch engine, started on first use (later calls return it as it is).
 
@@ -265,6 +271,7 @@ class OnnxModel:
                     delta_seconds=delta_seconds,
                     observer=observer() if observer is not None else None,
                     sampling_threads=sampling_threads,
+                    prefill_share=prefill_share,
                 )
             return self._engine
 
