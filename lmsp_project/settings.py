@@ -372,9 +372,9 @@ LMSP_ORT_SPINNING = _env_bool("LMSP_ORT_SPINNING", False)
 # Prompt tokens fed to the model per prefill call.
 LMSP_PREFILL_CHUNK = _env_int("LMSP_PREFILL_CHUNK", 512)
 # A long prompt beside decoding rows is prefilled in slices between their steps, each slice this
-# share of a decode step's time (docs/workers.md): the rows' gaps grow to about (1 + share) steps,
-# the prompt's time to its first token to about (1 + share) / share of its prefill alone.
-LMSP_PREFILL_SHARE = _env_float("LMSP_PREFILL_SHARE", 0.9)
+# many decode steps' time (docs/workers.md): the rows' gaps grow to about (1 + share) steps, the
+# prompt's time to its first token to about (1 + share) / share of its prefill alone.
+LMSP_PREFILL_SHARE = _env_float("LMSP_PREFILL_SHARE", 3.0)
 if not 0 < LMSP_PREFILL_SHARE <= 100:
     raise ImproperlyConfigured(f"LMSP_PREFILL_SHARE must be in (0, 100], got {LMSP_PREFILL_SHARE}")
 # Generations one worker process steps together, in one batch on its device

@@ -270,7 +270,7 @@ class LoadedModel(Protocol):
         delta_seconds: float,
         observer: Callable[[], EngineObserver] | None = None,
         sampling_threads: int = 1,
-        prefill_share: float = 0.9,
+        prefill_share: float = 3.0,
     ) -> Engine:
         """This model's engine (created on first use with these settings; one per process).
 

@@ -13,7 +13,7 @@ Each iteration of the model thread:
    of similar width; one per row where the graph must not batch, below);
 3. runs one prefill call for the first joining row: its whole prompt (or
    ``prefill_chunk``) when nothing decodes, else a slice sized to take
-   about one decode step, so running rows never stall for a whole prompt.
+   ``prefill_share`` decode steps, so running rows never stall for a whole prompt.
 
 A joining row is prefilled alone, in a batch of one row, exactly as a
 generation runs alone; once it has its first token it merges into a
@@ -62,10 +62,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# A prefill slice beside running rows aims at ``prefill_share`` of a decode step (LMSP_PREFILL_SHARE),
-# and takes at least _MIN_SLICE ids: on a model whose one-token call costs about a step (weights read
-# once per call), smaller slices would barely move the prompt on while doubling the rows' gaps anyway.
-DEFAULT_PREFILL_SHARE = 0.9
+# A prefill slice beside running rows aims at ``prefill_share`` decode steps' time (LMSP_PREFILL_SHARE;
+# 3 measured best on a CPU, docs/workers.md), and takes at least _MIN_SLICE ids: on a model whose
+# one-token call costs about a step (weights read once per call), smaller slices would barely move the
+# prompt on while doubling the rows' gaps anyway.
+DEFAULT_PREFILL_SHARE = 3.0
 _MIN_SLICE = 16
 # A joining row shares a group's calls while the padded group costs at most this much more
 # (rows x width) than the two apart.
@@ -499,7 +500,7 @@ class BatchEngine:
         return max(1, min(whole, self._slice))
 
     def _resize_slice(self, tokens: int, seconds: float) -> None:
-        """Aim the next slice at about one decode step of the running rows."""
+        """Aim the next slice at ``prefill_share`` decode steps of the running rows."""
         if not self._groups or not self._step_seconds or seconds <= 0:
             return
         target = tokens * self.prefill_share * self._step_seconds / seconds
