@@ -45,13 +45,13 @@ def logits_of(model: OnnxModel, prompt: list[int], params: SamplingParams) -> tu
     """Tokens and every step's logits row of the request alone."""
     generation = model.generate(prompt, params, should_stop=never)
     rows: list[np.ndarray] = []
-    accept = generation.accept
+    pick = generation.pick
 
     def recording(logits: np.ndarray) -> Any:
         rows.append(np.array(logits, dtype=np.float32))
-        return accept(logits)
+        return pick(logits)
 
-    generation.accept = recording  # type: ignore[method-assign]
+    generation.pick = recording  # type: ignore[method-assign]
     tokens = [step.token_id for step in generation if step.token_id is not None]
     return tokens, rows
 
@@ -72,13 +72,14 @@ def measure(name: str, model: OnnxModel, *, requests: int, max_batch: int, seed:
         prompt, params = jobs[index]
         generation = model.generate(prompt, params, should_stop=never)
         rows = batched[index][1]
-        accept = generation.accept
+        pick = generation.pick
 
         def recording(logits: np.ndarray) -> Any:
             rows.append(np.array(logits, dtype=np.float32))
-            return accept(logits)
+            return pick(logits)
 
-        generation.accept = recording  # type: ignore[method-assign]
+        # Every logits row a generation samples goes through pick, alone or in the engine.
+        generation.pick = recording  # type: ignore[method-assign]
         for chunk in engine.submit(generation):
             batched[index][0].extend(step.token_id for step in chunk.steps if step.token_id is not None)
 

@@ -242,9 +242,9 @@ def paced_worker_main(rate: str, celery_args: list[str]) -> None:
     The demo model makes ~2000 tokens/s on this CPU, some 20-100 times what a
     real model streams; pacing it shows the fan-out at realistic wake-up
     rates and frees the CPU the generation would take from the web process.
-    The batch engine samples every token through ``OnnxGeneration.accept``,
-    so that is where a token waits for its turn (on the model thread, as a
-    slower model would make it wait).
+    The batch engine moves every row on by its sampled token through
+    ``OnnxGeneration.take``, on the model thread, so that is where a token
+    waits for its turn (as a slower model would make it wait).
     """
     import django
 
@@ -254,19 +254,19 @@ def paced_worker_main(rate: str, celery_args: list[str]) -> None:
     from lmsp_project.celery import app
     from workers.backends.onnx.generation import OnnxGeneration
 
-    real_accept = OnnxGeneration.accept
+    real_take = OnnxGeneration.take
     interval = 1.0 / float(rate)
 
-    def paced_accept(self: OnnxGeneration, logits: Any) -> Any:
+    def paced_take(self: OnnxGeneration, token: int) -> Any:
         due = getattr(self, "_paced_due", time.monotonic()) + interval
         self._paced_due = due  # type: ignore[attr-defined]
         delay = due - time.monotonic()
         if delay > 0:
             time.sleep(delay)
-        return real_accept(self, logits)
+        return real_take(self, token)
 
     # Patched before the prefork pool forks, so its child inherits it.
-    OnnxGeneration.accept = paced_accept  # type: ignore[method-assign]
+    OnnxGeneration.take = paced_take  # type: ignore[method-assign]
     app.worker_main(["worker", *celery_args])
 
 
