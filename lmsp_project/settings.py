@@ -336,6 +336,8 @@ LMSP_DELTA_BATCH_TOKENS = _env_int("LMSP_DELTA_BATCH_TOKENS", 16)
 # A run waits this long for its first token before it commits its start: a short prompt's first token
 # comes within it, and the start and the first delta are then one commit (docs/workers.md). 0: never.
 LMSP_START_FOLD_MS = _env_float("LMSP_START_FOLD_MS", 25.0)
+if LMSP_START_FOLD_MS < 0:
+    raise ImproperlyConfigured(f"LMSP_START_FOLD_MS must be >= 0, got {LMSP_START_FOLD_MS}")
 LMSP_DELTA_BATCH_MS = _env_int("LMSP_DELTA_BATCH_MS", 50)
 # A worker holding a task writes its heartbeat at least this often.
 LMSP_HEARTBEAT_SECONDS = _env_int("LMSP_HEARTBEAT_SECONDS", 10)

@@ -24,6 +24,9 @@ ENGINE_SETTINGS = (
     "LMSP_KV_CACHE_BYTES",
     "LMSP_KV_CACHE_SHARE",
     "LMSP_DRAIN_SECONDS",
+    "LMSP_SAMPLING_THREADS",
+    "LMSP_PREFILL_SHARE",
+    "LMSP_START_FOLD_MS",
     "LMSP_GPU_MEM_LIMIT_BYTES",
 )
 
@@ -46,6 +49,9 @@ def test_the_defaults_batch_eight_tasks_and_size_memory_automatically(monkeypatc
         "LMSP_KV_CACHE_BYTES": 0,
         "LMSP_KV_CACHE_SHARE": 0.5,
         "LMSP_DRAIN_SECONDS": 0.0,
+        "LMSP_SAMPLING_THREADS": 0,
+        "LMSP_PREFILL_SHARE": 3.0,
+        "LMSP_START_FOLD_MS": 25.0,
         "LMSP_GPU_MEM_LIMIT_BYTES": 0,
     }
     # Set but empty (compose passes an unset variable so) is the default too.
@@ -62,12 +68,18 @@ def test_what_the_environment_says_is_what_the_worker_gets(monkeypatch, tmp_path
         LMSP_KV_CACHE_BYTES="2147483648",
         LMSP_KV_CACHE_SHARE="1",
         LMSP_DRAIN_SECONDS="2.5",
+        LMSP_SAMPLING_THREADS="4",
+        LMSP_PREFILL_SHARE="0.9",
+        LMSP_START_FOLD_MS="0",
         LMSP_GPU_MEM_LIMIT_BYTES="8589934592",
     ) == {
         "LMSP_MAX_BATCH": 1,
         "LMSP_KV_CACHE_BYTES": 2147483648,
         "LMSP_KV_CACHE_SHARE": 1.0,
         "LMSP_DRAIN_SECONDS": 2.5,
+        "LMSP_SAMPLING_THREADS": 4,
+        "LMSP_PREFILL_SHARE": 0.9,
+        "LMSP_START_FOLD_MS": 0.0,
         "LMSP_GPU_MEM_LIMIT_BYTES": 8589934592,
     }
 
@@ -86,6 +98,10 @@ def test_what_the_environment_says_is_what_the_worker_gets(monkeypatch, tmp_path
         ("LMSP_KV_CACHE_SHARE", "half", "LMSP_KV_CACHE_SHARE must be a finite number, got 'half'"),
         ("LMSP_DRAIN_SECONDS", "-1", "LMSP_DRAIN_SECONDS must be >= 0, got -1.0"),
         ("LMSP_DRAIN_SECONDS", "inf", "LMSP_DRAIN_SECONDS must be a finite number, got 'inf'"),
+        ("LMSP_SAMPLING_THREADS", "-1", "LMSP_SAMPLING_THREADS must be an integer >= 0 (0: automatic), got -1"),
+        ("LMSP_PREFILL_SHARE", "0", "LMSP_PREFILL_SHARE must be in (0, 100], got 0.0"),
+        ("LMSP_PREFILL_SHARE", "many", "LMSP_PREFILL_SHARE must be a finite number, got 'many'"),
+        ("LMSP_START_FOLD_MS", "-5", "LMSP_START_FOLD_MS must be >= 0, got -5.0"),
         ("LMSP_GPU_MEM_LIMIT_BYTES", "-5", "LMSP_GPU_MEM_LIMIT_BYTES must be an integer >= 0 (0: no limit), got -5"),
     ],
 )
