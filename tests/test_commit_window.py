@@ -23,6 +23,7 @@ from tasks_app.lifecycle import ProgressBatch, TransitionResult
 from tasks_app.models import Task, TaskEvent, TaskSnapshot
 from tasks_app.states import TaskStatus
 from tests.support.moves import ITEM_ID, WORKER, move
+from tests.support.waiting import wait_until
 from workers.commit_window import CommitWindow
 
 S = TaskStatus
@@ -170,10 +171,7 @@ def test_a_lone_batch_commits_at_once_and_what_arrives_meanwhile_goes_in_the_nex
     assert commit.entered.wait(10)  # the first batch went alone, without waiting for company
     rest = commit_from_threads(window, [batch(task_id, f"d{i}") for i, task_id in enumerate(ids[1:])])
     # The five others queue while the first transaction is held.
-    for _ in range(200):
-        if len(window._queue) == 5:
-            break
-        threading.Event().wait(0.01)
+    wait_until(lambda: window.waiting == 5, what="the other batches never queued behind the held commit")
     commit.release.set()
     for thread in first["threads"] + rest["threads"]:
         thread.join(30)

@@ -67,6 +67,12 @@ class CommitWindow:
         outcome.done.wait()
         return outcome
 
+    @property
+    def waiting(self) -> int:
+        """Batches handed in and not yet taken into a transaction."""
+        with self._lock:
+            return len(self._queue)
+
     def _run(self) -> None:
         while True:
             with self._lock:
