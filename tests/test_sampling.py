@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import threading
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
@@ -337,13 +338,22 @@ def test_a_step_sampled_on_several_threads_picks_what_each_row_picks_alone() -> 
     alone_samplers = samplers()
     alone = [[sample_alone(s, row) for s, row in zip(alone_samplers, rows, strict=True)] for rows in steps]
     pool = SamplingPool(threads=3)
+    ran_on: dict[int, set[str]] = {r: set() for r in range(len(settings))}
+
+    def pick(r: int, s: Sampler, row: np.ndarray) -> int:
+        ran_on[r].add(threading.current_thread().name)
+        return s.sample(row)
+
     try:
         pooled_samplers = samplers()
+        sampled = [not s.greedy for s in pooled_samplers]
         together = [
             [
-                outcome(pick)
-                for pick in pool.run(
-                    [partial(s.sample, row) for s, row in zip(pooled_samplers, rows, strict=True)], width=width
+                outcome(picked)
+                for picked in pool.run(
+                    [partial(pick, r, s, row) for r, (s, row) in enumerate(zip(pooled_samplers, rows, strict=True))],
+                    width=width,
+                    sampled=sampled,
                 )
             ]
             for rows in steps
@@ -351,6 +361,11 @@ def test_a_step_sampled_on_several_threads_picks_what_each_row_picks_alone() -> 
     finally:
         pool.close()
     assert together == alone
+    # The greedy rows' argmax stayed in the calling thread; the sampled rows were shared out.
+    caller = threading.current_thread().name
+    assert all(ran_on[r] == {caller} for r, s in enumerate(sampled) if not s)
+    sharing = set().union(*(ran_on[r] for r, s in enumerate(sampled) if s))
+    assert caller in sharing and len(sharing) >= 2
     assert str(together[2][3]).startswith("failed: the model produced logits that are not finite")
     assert all(
         isinstance(pick, int) for n, picks in enumerate(together) for r, pick in enumerate(picks) if (n, r) != (2, 3)

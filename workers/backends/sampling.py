@@ -551,18 +551,30 @@ class SamplingPool:
             else None
         )
 
-    def run(self, picks: Sequence[Callable[[], int]], *, width: int) -> list[int | GenerationError]:
-        """Each pick's token, or the ``GenerationError`` that failed it (which fails only its row)."""
-        shares = min(self.threads, len(picks)) if self._pool is not None and width >= POOL_MIN_WIDTH else 1
+    def run(
+        self, picks: Sequence[Callable[[], int]], *, width: int, sampled: Sequence[bool] | None = None
+    ) -> list[int | GenerationError]:
+        """Each pick's token, or the ``GenerationError`` that failed it (which fails only its row).
+
+        ``sampled`` marks the picks that sample (the others take an argmax:
+        one pass, cheaper than handing it to a thread); only those are shared
+        out, and only when at least two are. Default: all of them.
+        """
+        costly = [i for i in range(len(picks)) if sampled is None or sampled[i]]
+        shares = min(self.threads, len(costly)) if self._pool is not None and width >= POOL_MIN_WIDTH else 1
         if shares <= 1:
             return _run_share(picks)
-        size = -(-len(picks) // shares)
-        pieces = [picks[start : start + size] for start in range(0, len(picks), size)]
-        futures = [self._pool.submit(_run_share, piece) for piece in pieces[1:]]
-        results = _run_share(pieces[0])
-        for future in futures:
-            results += future.result()
-        return results
+        size = -(-len(costly) // shares)
+        pieces = [costly[start : start + size] for start in range(0, len(costly), size)]
+        futures = [self._pool.submit(_run_share, [picks[i] for i in piece]) for piece in pieces[1:]]
+        shared = {i for piece in pieces[1:] for i in piece}
+        inline = [i for i in range(len(picks)) if i not in shared]
+        results: dict[int, int | GenerationError] = dict(
+            zip(inline, _run_share([picks[i] for i in inline]), strict=True)
+        )
+        for piece, future in zip(pieces[1:], futures, strict=True):
+            results.update(zip(piece, future.result(), strict=True))
+        return [results[i] for i in range(len(picks))]
 
     def close(self) -> None:
         if self._pool is not None:

@@ -367,6 +367,7 @@ class BatchEngine:
         picks = self._sampling.run(
             [partial(row.generation.pick, row_logits) for row, row_logits in zip(rows, logits, strict=True)],
             width=logits.shape[-1],
+            sampled=[not row.generation.sampler.greedy for row in rows],
         )
         done = [row for row, pick in zip(rows, picks, strict=True) if not self._take(row, pick, now)]
         if done:
