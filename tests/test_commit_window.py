@@ -197,3 +197,13 @@ def test_a_failed_group_fails_each_of_its_threads_and_the_window_goes_on(running
         thread.join(30)
     assert all(later["outcomes"][task_id].result.won for task_id in ids)
     assert [deltas_of(task_id) for task_id in ids] == [["y"], ["y"], ["y"]]
+
+
+def test_a_commit_that_answers_for_the_wrong_number_of_tasks_fails_its_threads_instead_of_leaving_them_waiting(
+    running,
+) -> None:
+    (task_id,) = running(1)
+    window = CommitWindow(lambda batches: [])  # a bug: no result for the batch it was given
+    outcome = window.progress(batch(task_id, "x"))
+    assert isinstance(outcome.error, RuntimeError) and "returned 0 results" in str(outcome.error)
+    assert window.progress(batch(task_id, "y")).error is not None  # the committer is still there

@@ -84,6 +84,8 @@ class CommitWindow:
     def _write(self, group: list[tuple[ProgressBatch, Outcome]]) -> None:
         try:
             results = self._commit([batch for batch, _ in group])
+            if len(results) != len(group):
+                raise RuntimeError(f"a group commit of {len(group)} batches returned {len(results)} results")
         except BaseException as exc:  # every waiting thread gets it: its run decides, as with its own commit
             for _, outcome in group:
                 outcome.error = exc
