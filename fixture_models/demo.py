@@ -68,7 +68,7 @@ import math
 import os
 import string
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -184,17 +184,18 @@ class DemoSize:
             raise ValueError("logits_width must be at least vocab_size")
 
 
+# Fast enough for unit tests (~0.6 MB of weights).
+_DEMO = DemoSize(
+    hidden_size=64,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=16,
+    intermediate_size=176,
+    vocab_size=512,
+)
 DEMO_SIZES: dict[str, DemoSize] = {
-    # Fast enough for unit tests (~0.6 MB of weights).
-    "demo": DemoSize(
-        hidden_size=64,
-        num_layers=2,
-        num_heads=4,
-        num_kv_heads=2,
-        head_dim=16,
-        intermediate_size=176,
-        vocab_size=512,
-    ),
+    "demo": _DEMO,
     # Benchmark variants: heavier per token, same architecture.
     "small": DemoSize(
         hidden_size=256,
@@ -216,16 +217,7 @@ DEMO_SIZES: dict[str, DemoSize] = {
     ),
     # The bench model of a real vocabulary's width: demo's shape, its logits padded to Qwen's
     # 151,936, so a step samples (and copies) rows as wide as a real model's.
-    "wide": DemoSize(
-        hidden_size=64,
-        num_layers=2,
-        num_heads=4,
-        num_kv_heads=2,
-        head_dim=16,
-        intermediate_size=176,
-        vocab_size=512,
-        logits_width=151_936,
-    ),
+    "wide": replace(_DEMO, logits_width=151_936),
 }
 # The padded logits sit this far below the rest: a padded id is never sampled, as in a trained model.
 PADDED_LOGIT_BIAS = -40.0

@@ -420,10 +420,12 @@ def task_start(
     started passes their ``deltas`` and ``output_tokens`` (the snapshot then
     accounts for them): one commit instead of a start and a first batch.
     """
-    opened = [] if item_id is None else events.message_opened(item_id, 0)
-    if deltas and item_id is None:
-        raise ValueError("deltas need the message item they belong to")
-    written = [*opened, *(events.message_delta(item_id, 0, text) for text in deltas if item_id is not None)]
+    if item_id is None:
+        if deltas:
+            raise ValueError("deltas need the message item they belong to")
+        written: list[Event] = []
+    else:
+        written = [*events.message_opened(item_id, 0), *(events.message_delta(item_id, 0, text) for text in deltas)]
     write = _Write(
         MOVES["task_start"],
         task={} if output_tokens is None else {"output_tokens": output_tokens},

@@ -560,8 +560,10 @@ class SamplingPool:
         one pass, cheaper than handing it to a thread); only those are shared
         out, and only when at least two are. Default: all of them.
         """
+        if self._pool is None or width < POOL_MIN_WIDTH:
+            return _run_share(picks)
         costly = [i for i in range(len(picks)) if sampled is None or sampled[i]]
-        shares = min(self.threads, len(costly)) if self._pool is not None and width >= POOL_MIN_WIDTH else 1
+        shares = min(self.threads, len(costly))
         if shares <= 1:
             return _run_share(picks)
         size = -(-len(costly) // shares)

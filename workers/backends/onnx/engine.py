@@ -90,7 +90,8 @@ class RowStream:
 
     def put(self, chunk: Chunk) -> None:
         self._queue.put(chunk)
-        self._arrived.set()
+        if not self._arrived.is_set():  # the first chunk only: set() takes a lock and wakes every waiter
+            self._arrived.set()
 
     def ready(self, timeout: float) -> bool:
         """Whether a chunk has come, waiting at most ``timeout`` seconds for the first."""
