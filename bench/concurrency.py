@@ -11,7 +11,9 @@ concurrent tasks (1, 2, 4, 8, 16, 32), in one run:
   (batch 1): the baseline;
 * **service**: the web process as the Procfile starts it, one Celery worker
   (``--pool prefork --concurrency 1``, today's worker; or ``--pool threads``
-  with ``--concurrency N`` and ``LMSP_MAX_BATCH=N``), Redis, a SQLite file.
+  with ``LMSP_MAX_BATCH=N`` and ``--concurrency N``, or ``--worker-threads``
+  task threads, the Procfile's 4, that start rows the run loop carries),
+  Redis, a SQLite file.
   N clients at once each create a task and stream it, once through
   ``POST /lmsp/v1/tasks`` + ``GET .../events`` and once through
   ``POST /lmsp/v1/responses`` with ``stream: true``: aggregate tokens/s,
@@ -672,7 +674,7 @@ def worker_for(args: argparse.Namespace, n: int) -> tuple[str, int, int | None]:
     if args.pool == "prefork":
         return "prefork", 1, None
     size = args.max_batch or n
-    return "threads", size, size
+    return "threads", args.worker_threads or size, size
 
 
 async def warm_up(svc: Service, model: str) -> None:
@@ -910,6 +912,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=int,
         default=None,
         help="threads pool: one worker of --concurrency K and LMSP_MAX_BATCH=K for every N (default: K = N per round)",
+    )
+    parser.add_argument(
+        "--worker-threads",
+        type=int,
+        default=None,
+        help="threads pool: its --concurrency (task threads that start rows, LMSP_WORKER_THREADS); "
+        "default: as many as LMSP_MAX_BATCH (a thread per row, as before the run loop)",
     )
     parser.add_argument("--kinds", default="tasks,responses", help="how clients create and stream: tasks, responses")
     parser.add_argument(

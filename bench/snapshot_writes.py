@@ -48,7 +48,7 @@ def main() -> None:
         return execute(sql, params, many, context)
 
     # Every connection of the process, not only this thread's: a worker's progress commits run on its
-    # commit window's thread (workers/commit_window.py), with a connection of its own.
+    # run loop's thread (workers/run_loop.py), with a connection of its own.
     def watch(sender: Any, connection: Any, **kwargs: Any) -> None:
         connection.execute_wrappers.append(count)
 

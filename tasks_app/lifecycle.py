@@ -473,7 +473,7 @@ class ProgressBatch:
 
 
 def tasks_progress(*, batches: Sequence[ProgressBatch]) -> list[TransitionResult | None]:
-    """:func:`task_progress` for many running tasks in one transaction (a worker's commit window).
+    """:func:`task_progress` for many running tasks in one transaction (a worker's run loop).
 
     Each task's compare-and-set is checked on its own: one that lost (a
     cancel, another writer) writes nothing and gets ``won`` False, the

@@ -100,7 +100,7 @@ BATCH_TOKENS = HistogramSpec(
 )
 COMMIT_GROUP_TASKS = HistogramSpec(
     "lmsp_commit_group_tasks",
-    "Running tasks whose batches one transaction of a worker's commit window wrote; the count is the commits.",
+    "Running tasks whose batches one transaction of a worker's run loop wrote; the count is the commits.",
     (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 256),
 )
 CONSTRAINT_FAILURES = HistogramSpec(

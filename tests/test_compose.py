@@ -220,9 +220,10 @@ def test_one_worker_per_gpu(resolve):
     device_ids, node_names = [], []
     for name, service in workers.items():
         command = command_of(service)
-        # One process per GPU, taking as many tasks at once as its engine batches.
+        # One process per GPU, running as many tasks at once as its engine batches; a few threads start them.
         assert option(command, "--pool") == "threads", name
-        assert option(command, "--concurrency") == env_of(service)["LMSP_MAX_BATCH"] == "8", name
+        assert env_of(service)["LMSP_MAX_BATCH"] == "8", name
+        assert option(command, "--concurrency") == env_of(service)["LMSP_WORKER_THREADS"] == "4", name
         node_names.append(option(command, "--hostname"))
         (device,) = service["deploy"]["resources"]["reservations"]["devices"]
         assert device["driver"] == "nvidia", name
@@ -249,7 +250,8 @@ def test_cpu_profile_runs_one_worker_without_a_gpu(resolve):
     assert env_of(service)["LMSP_DEVICE"] == "cpu"
     command = command_of(service)
     assert option(command, "--pool") == "threads"
-    assert option(command, "--concurrency") == env_of(service)["LMSP_MAX_BATCH"] == "8"
+    assert env_of(service)["LMSP_MAX_BATCH"] == "8"
+    assert option(command, "--concurrency") == env_of(service)["LMSP_WORKER_THREADS"] == "4"
     assert seconds(service["stop_grace_period"]) >= 30
     # Without a worker profile no worker (and no GPU) is asked for.
     assert not celery_workers(resolve())
@@ -260,7 +262,8 @@ def test_the_batch_size_and_the_drain_reach_every_worker_and_its_grace_period(re
         "gpu",
         "gpu1",
         "cpu",
-        LMSP_MAX_BATCH="4",
+        LMSP_MAX_BATCH="32",
+        LMSP_WORKER_THREADS="2",
         LMSP_DRAIN_SECONDS="20",
         LMSP_WORKER_STOP_GRACE_PERIOD="65s",
         LMSP_KV_CACHE_BYTES="2147483648",
@@ -270,8 +273,9 @@ def test_the_batch_size_and_the_drain_reach_every_worker_and_its_grace_period(re
     assert sorted(workers) == ["worker-cpu", "worker-gpu0", "worker-gpu1"]
     for name, service in workers.items():
         env = env_of(service)
-        # The threads the pool runs and the rows the engine batches are one number.
-        assert option(command_of(service), "--concurrency") == env["LMSP_MAX_BATCH"] == "4", name
+        # The rows the engine batches, and the threads that start them: two numbers.
+        assert env["LMSP_MAX_BATCH"] == "32", name
+        assert option(command_of(service), "--concurrency") == env["LMSP_WORKER_THREADS"] == "2", name
         assert env["LMSP_DRAIN_SECONDS"] == "20", name
         assert env["LMSP_KV_CACHE_BYTES"] == "2147483648", name
         assert env["LMSP_GPU_MEM_LIMIT_BYTES"] == "8589934592", name
@@ -282,6 +286,7 @@ def test_the_batch_size_and_the_drain_reach_every_worker_and_its_grace_period(re
     # The maintenance node drains nothing: its own grace period, and no batch settings.
     assert seconds(services["beat"]["stop_grace_period"]) == 45
     assert "LMSP_MAX_BATCH" not in env_of(services["beat"])
+    assert "LMSP_WORKER_THREADS" not in env_of(services["beat"])
 
 
 def test_exactly_one_maintenance_node_on_the_prefixed_queue(resolve):

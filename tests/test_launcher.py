@@ -46,6 +46,7 @@ DROPPED_ENV = (
     "LMSP_MAINTENANCE_QUEUE",
     "LMSP_TEST_SQLITE_PATH",
     "LMSP_MAX_BATCH",
+    "LMSP_WORKER_THREADS",
     "LMSP_DRAIN_SECONDS",
 )
 FINISHED = {"succeeded", "failed", "cancelled"}
@@ -389,8 +390,8 @@ def test_quickstart_serves_a_task_and_ctrl_c_stops_everything_with_its_own_redis
     redis_stat = _stat(redis_pid)
     started = launcher.stop(signal.SIGINT, group=True)
     commands = " ".join(p.cmdline for p in started)
-    # The worker takes as many tasks at once as its engine batches (LMSP_MAX_BATCH, 8 by default).
-    assert "uvicorn" in commands and "--pool threads --concurrency 8" in commands and "--beat" in commands
+    # The worker's task threads (LMSP_WORKER_THREADS, 4 by default) start its rows (LMSP_MAX_BATCH, 8).
+    assert "uvicorn" in commands and "--pool threads --concurrency 4" in commands and "--beat" in commands
     assert launcher.proc.returncode == 130
     assert_all_gone([*started, ProcInfo(redis_pid, redis_stat[1], "redis-server")], launcher)
     assert not _answers(redis_port)

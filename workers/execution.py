@@ -7,18 +7,19 @@ message whose task is no longer queued is dropped here, and Celery never
 decides what runs.
 
 The generation itself runs in the process's batch engine for its model
-(``workers.engine``): this thread submits it and reads its chunks, while the
-engine's model thread steps it together with the other tasks' rows. So this
-module is the only place that touches the database for a task, and the
-model never waits for it.
+(``workers.engine``): the task thread submits it and the run loop reads its
+chunks, while the engine's model thread steps it together with the other
+tasks' rows. So this module is the only place that touches the database for
+a task, and the model never waits for it.
 
 Deltas are committed in batches: the engine hands over a row's first token
 at once, then every ``LMSP_DELTA_BATCH_TOKENS`` tokens or
 ``LMSP_DELTA_BATCH_MS`` milliseconds, and what piled up while a commit ran
 is merged into the next one. Each batch appends the deltas, stores the
 snapshot row and checks, through the compare-and-set on ``running``, that no
-cancel won meanwhile; the process's commit window (``workers.commit_window``)
-writes the batches of all its rows that are ready in one transaction
+cancel won meanwhile. Once started, a row is carried by the process's run
+loop (``workers.run_loop``), not by a thread of its own: the loop writes the
+batches of all its rows that are ready in one transaction
 (``tasks_progress``), each task's compare-and-set on its own. The engine
 watches a flag the cancel watcher sets from Redis before every model call
 of the row, so a cancel stops its row within one decode step; a lost
@@ -27,11 +28,10 @@ compare-and-set stops the row from here.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
@@ -79,9 +79,9 @@ from workers.backends.base import (
 )
 from workers.backends.errors import ConstraintFailed, ContextTooLong, ModelLoadError, PromptRejected, RuntimeFailure
 from workers.cancel_watcher import cancel_watcher
-from workers.commit_window import CommitWindow
 from workers.engine import engine_for
 from workers.model_cache import model_cache
+from workers.run_loop import RunLoop
 from workers.run_metrics import RunMetrics, commit_group_observed
 from workers.shutdown import task_handed_back_log
 
@@ -92,6 +92,8 @@ _DETAIL_LIMIT = 500
 # A claim waits this long for a database it cannot reach, then, after a pause, sends its message again.
 CLAIM_PATIENCE_SECONDS = 5.0
 CLAIM_RETRY_PAUSE_SECONDS = 2.0
+# How often a task thread waiting for room among the rows checks whether the worker is stopping.
+ROOM_POLL_SECONDS = 0.5
 
 
 def _usage(generation: Generation | None) -> dict[str, Any] | None:
@@ -177,10 +179,9 @@ def _committed(
 
 
 def _progress_group(batches: Sequence[lifecycle.ProgressBatch]) -> list[TransitionResult | None]:
-    return _committed(lifecycle.tasks_progress, batches=batches, subject=f"{len(batches)} tasks")
-
-
-_commit_window = CommitWindow(_progress_group, observe=commit_group_observed)
+    results = _committed(lifecycle.tasks_progress, batches=batches, subject=f"{len(batches)} tasks")
+    commit_group_observed(batches[0].worker, len(batches))
+    return results
 
 
 def _one_line(exc: BaseException) -> str:
@@ -214,6 +215,11 @@ class Heartbeat:
     def touched(self) -> None:
         """A commit just wrote ``heartbeat_at``: the thread need not write it again soon."""
         self._last = time.monotonic()
+
+    @property
+    def last(self) -> float:
+        """When ``heartbeat_at`` was last written (``time.monotonic``), by a commit or a beat."""
+        return self._last
 
     def _run(self) -> None:
         try:
@@ -342,14 +348,50 @@ class _Run:
         return self.generation.output_tokens if self.generation is not None else 0
 
 
-def task_execute(*, task_id: str, worker: str) -> str:
-    """Run one task to a terminal state; returns what happened (for the log and tests).
+def room_wait(*, stopping: Callable[[], bool]) -> bool:
+    """Wait for a place among this process's rows (``LMSP_MAX_BATCH``) before a task is claimed.
 
-    Claims a queued task, or adopts one that recovery left ``running``
-    without a worker and resumes it from its snapshot. Never raises for a
-    task's own failure: load errors and backend errors end the task as
-    ``failed`` and the worker process goes on to the next task.
+    A task thread only claims what the process can run now, so a busy worker
+    leaves the queue's messages to the others. False if ``stopping`` became
+    true meanwhile: the message goes back to the queue. The place is the
+    claimed task's until its run ends (:func:`task_execute` gives it back).
     """
+    while not _run_loop.reserve(settings.LMSP_MAX_BATCH, timeout=ROOM_POLL_SECONDS):
+        if stopping():
+            return False
+    return True
+
+
+def task_execute(*, task_id: str, worker: str, wait: bool = True, reserved: bool = False) -> str:
+    """Run one task to a terminal state, or (``wait`` False) until its row runs in the run loop.
+
+    Returns what happened (for the log and tests): the terminal outcome, or
+    ``"running"`` for a row handed to the run loop. Claims a queued task, or
+    adopts one that recovery left ``running`` without a worker and resumes it
+    from its snapshot. Never raises for a task's own failure: load errors and
+    backend errors end the task as ``failed`` and the worker process goes on
+    to the next task. ``reserved``: :func:`room_wait` took this task's place.
+    """
+    if not reserved:
+        _run_loop.reserve(settings.LMSP_MAX_BATCH, timeout=None)
+    held = None
+    try:
+        outcome = _intake(task_id, worker)
+        if isinstance(outcome, str):
+            return outcome
+        held = outcome
+    finally:
+        if held is None:
+            _run_loop.unreserve()
+    _run_loop.hold(held, held.stream.notify)
+    if not wait:
+        return "running"
+    held.done.wait()
+    return held.outcome
+
+
+def _intake(task_id: str, worker: str) -> str | _Held:
+    """Claim (or adopt), load, set up and start the task: its row, or how the task ended before."""
     broker.dispatch_marker_clear(task_id=task_id)
     close_old_connections()
     try:
@@ -368,17 +410,23 @@ def task_execute(*, task_id: str, worker: str) -> str:
         return "dropped"
     logger.info("task %s %s by %s", task_id, "adopted to resume" if resuming else "claimed", worker)
     metrics = RunMetrics(worker=worker, accepted_at=None if resuming else claim.task.created_at)
-    cancelled = cancel_watcher.watch(task_id)
-    try:
-        with Heartbeat(task_id, worker, settings.LMSP_HEARTBEAT_SECONDS) as heartbeat:
-            if resuming:
-                return _resume(task_id, worker, claim.task.status, cancelled, heartbeat, metrics)
-            return _run(task_id, worker, cancelled, heartbeat, metrics)
-    except DatabaseGaveUp as exc:
-        return _database_lost(task_id, worker, exc)
-    finally:
-        cancel_watcher.unwatch(task_id)
-        metrics.run_ended()
+    with ExitStack() as resources:
+        # Released in this order when the run ends: the model's lease, the cancel watch, the metrics.
+        resources.callback(metrics.run_ended)
+        cancelled = cancel_watcher.watch(task_id)
+        resources.callback(cancel_watcher.unwatch, task_id)
+        try:
+            with Heartbeat(task_id, worker, settings.LMSP_HEARTBEAT_SECONDS) as heartbeat:
+                if resuming:
+                    outcome = _resume(task_id, worker, claim.task.status, cancelled, heartbeat, metrics, resources)
+                else:
+                    outcome = _run(task_id, worker, cancelled, heartbeat, metrics, resources)
+        except DatabaseGaveUp as exc:
+            return _database_lost(task_id, worker, exc)
+        if isinstance(outcome, _Held):
+            # From here the run loop carries the row, and ends these with it.
+            outcome.resources = resources.pop_all()
+        return outcome
 
 
 def _claim_not_reached(task_id: str, exc: DatabaseGaveUp) -> str:
@@ -442,7 +490,14 @@ def _load_failure(run: _Run, exc: Exception, sources: Iterable[TaskStatus]) -> s
     return _fail(run, ModelLoadFailed(f"Model {run.model_name!r} could not be loaded").to_problem(), sources)
 
 
-def _run(task_id: str, worker: str, cancelled: threading.Event, heartbeat: Heartbeat, metrics: RunMetrics) -> str:
+def _run(
+    task_id: str,
+    worker: str,
+    cancelled: threading.Event,
+    heartbeat: Heartbeat,
+    metrics: RunMetrics,
+    resources: ExitStack,
+) -> str | _Held:
     model_name, request = task_run_request(task_id=task_id)
     run = _Run(
         task_id=task_id,
@@ -453,24 +508,29 @@ def _run(task_id: str, worker: str, cancelled: threading.Event, heartbeat: Heart
         model_name=model_name,
         calls_tools=_calls_tools(request),
     )
-    with ExitStack() as leased:
-        try:
-            model = leased.enter_context(model_cache().lease(model_name))
-        except Exception as exc:
-            return _load_failure(run, exc, [S.LOADING])
-        try:
-            return _generate(run, model, request, cancelled)
-        except DatabaseGaveUp:
-            raise
-        except Exception as exc:
-            logger.exception("task %s: backend error", task_id)
-            _count_constraint_failure(run, exc)
-            return _fail(run, runtime_problem(exc), sources=states.HELD & states.sources_for(S.FAILED))
+    try:
+        model = resources.enter_context(model_cache().lease(model_name))
+    except Exception as exc:
+        return _load_failure(run, exc, [S.LOADING])
+    try:
+        return _generate(run, model, request, cancelled)
+    except DatabaseGaveUp:
+        raise
+    except Exception as exc:
+        logger.exception("task %s: backend error", task_id)
+        _count_constraint_failure(run, exc)
+        return _fail(run, runtime_problem(exc), sources=states.HELD & states.sources_for(S.FAILED))
 
 
 def _resume(
-    task_id: str, worker: str, status: str, cancelled: threading.Event, heartbeat: Heartbeat, metrics: RunMetrics
-) -> str:
+    task_id: str,
+    worker: str,
+    status: str,
+    cancelled: threading.Event,
+    heartbeat: Heartbeat,
+    metrics: RunMetrics,
+    resources: ExitStack,
+) -> str | _Held:
     """Continue a task from its snapshot: the same output item, right after its last committed event."""
     model_name, request = task_run_request(task_id=task_id)
     stored = task_snapshot_get(task_id=task_id)
@@ -493,23 +553,22 @@ def _resume(
         problem = ServerRestarted("The service restarted and the task has no snapshot to resume from").to_problem()
         return _fail(run, problem, sources=[S.RUNNING])
     run.stored_tokens, run.prompt_stored = len(stored.token_ids), True
-    with ExitStack() as leased:
-        try:
-            model = leased.enter_context(model_cache().lease(model_name))
-        except Exception as exc:
-            return _load_failure(run, exc, [S.RUNNING])
-        fmt = _tool_format(model, model_name)
-        if _calls_tools(request):
-            # The parser reads the committed text again (its reading does not depend on the cuts) and the
-            # items are the ones the event log shows: both as they were at the last commit.
-            text = stored.raw_text
-            run.tools = _ToolRun(
-                ToolCallParser(fmt, max_calls=tool_calls.tool_choice_of(request).max_calls),
-                OutputItems(task_output_items(task_id=task_id), call_id_length=fmt.call_id_length),
-            )
-            run.tools.parser.feed(text)
-            run.committed_text = [text]
-        return _resume_generation(run, model, request, stored, text, cancelled)
+    try:
+        model = resources.enter_context(model_cache().lease(model_name))
+    except Exception as exc:
+        return _load_failure(run, exc, [S.RUNNING])
+    fmt = _tool_format(model, model_name)
+    if _calls_tools(request):
+        # The parser reads the committed text again (its reading does not depend on the cuts) and the
+        # items are the ones the event log shows: both as they were at the last commit.
+        text = stored.raw_text
+        run.tools = _ToolRun(
+            ToolCallParser(fmt, max_calls=tool_calls.tool_choice_of(request).max_calls),
+            OutputItems(task_output_items(task_id=task_id), call_id_length=fmt.call_id_length),
+        )
+        run.tools.parser.feed(text)
+        run.committed_text = [text]
+    return _resume_generation(run, model, request, stored, text, cancelled)
 
 
 def _resume_generation(
@@ -519,7 +578,7 @@ def _resume_generation(
     stored: StoredSnapshot,
     text: str,
     cancelled: threading.Event,
-) -> str:
+) -> str | _Held:
     try:
         backend_state = {
             **stored.last_state["backend"],
@@ -535,8 +594,7 @@ def _resume_generation(
             run.generation.output_tokens,
             run.generation.seed,
         )
-        stream = _submit(run, model)
-        return _stream(run, stream, iter(stream))
+        return _Held(run, _submit(run, model))
     except DatabaseGaveUp:
         raise
     except Exception as exc:
@@ -590,7 +648,7 @@ def _submit(run: _Run, model: LoadedModel) -> RowStream:
     return engine_for(model, worker=run.worker, model_name=run.model_name).submit(run.generation)
 
 
-def _generate(run: _Run, model: LoadedModel, request: Mapping[str, Any], cancelled: threading.Event) -> str:
+def _generate(run: _Run, model: LoadedModel, request: Mapping[str, Any], cancelled: threading.Event) -> str | _Held:
     params = _sampling_params(request, model, run.model_name)
     prompt_ids = model.prompt_ids(request, tools=_tool_prompt(request, model, run.model_name))
     if _calls_tools(request):
@@ -603,7 +661,6 @@ def _generate(run: _Run, model: LoadedModel, request: Mapping[str, Any], cancell
     # Taken before the engine has the generation; the prefill then overlaps the start's commit.
     first = run.snapshot()
     stream = _submit(run, model)
-    chunks = iter(stream)
     # A run that may call tools opens its items as the model writes them.
     opened = None if run.tools is not None else run.item_id
     head: Chunk | None = None
@@ -612,8 +669,8 @@ def _generate(run: _Run, model: LoadedModel, request: Mapping[str, Any], cancell
         # A short prompt's first token comes within a few milliseconds: then the start and the
         # first delta are one commit, not two (a tool-calling run's items open as parsed: never).
         if run.tools is None and settings.LMSP_START_FOLD_MS > 0 and stream.ready(settings.LMSP_START_FOLD_MS / 1000):
-            head = next(chunks)
-            folded = not head.final
+            head = stream.take()
+            folded = head is not None and not head.final and head.error is None
         if folded:
             assert head is not None
             _read_chunk(run, head)
@@ -643,7 +700,7 @@ def _generate(run: _Run, model: LoadedModel, request: Mapping[str, Any], cancell
     logger.info(
         "task %s running: %d prompt tokens, seed %d", run.task_id, run.generation.prompt_tokens, run.generation.seed
     )
-    return _stream(run, stream, chunks if head is None or folded else itertools.chain([head], chunks))
+    return _Held(run, stream, head=None if folded else head)
 
 
 def _read_chunk(run: _Run, chunk: Chunk) -> None:
@@ -657,30 +714,153 @@ def _read_chunk(run: _Run, chunk: Chunk) -> None:
     run.pending_tokens += chunk.tokens
 
 
-def _stream(run: _Run, stream: RowStream, chunks: Iterator[Chunk]) -> str:
-    """Read the row's chunks to its end, committing each as one batch."""
-    assert run.generation is not None
+@dataclass(eq=False)
+class _Held:
+    """A started run as the run loop carries it: its row's stream, and what its end releases."""
+
+    run: _Run
+    stream: RowStream
+    head: Chunk | None = None
+    """A chunk already taken from the stream (by the start), read before the stream's next."""
+    resources: ExitStack = field(default_factory=ExitStack)
+    """The model's lease, the cancel watch, the run's metrics: closed when the run ends."""
+    done: threading.Event = field(default_factory=threading.Event)
+    outcome: str = ""
+
+    @property
+    def last_beat(self) -> float:
+        return self.run.heartbeat.last
+
+    def take(self) -> Chunk | None:
+        chunk, self.head = self.head, None
+        later = self.stream.take()
+        if chunk is None or chunk.final:
+            return chunk or later
+        return chunk if later is None else chunk.then(later)
+
+
+def _advance(rows: list[_Held]) -> list[_Held]:
+    """The run loop's step: read every ready row's chunks, commit their batches in one transaction,
+    end the rows that ended. Returns those; never raises (each row's failure ends that row alone)."""
+    ended: list[_Held] = []
+    batches: list[tuple[_Held, lifecycle.ProgressBatch]] = []
+    for held in rows:
+        step = _guarded(held, lambda held=held: _read_step(held))
+        if isinstance(step, lifecycle.ProgressBatch):
+            batches.append((held, step))
+        elif step is not None:
+            _end(held, step)
+            ended.append(held)
+    if not batches:
+        return ended
     try:
-        for chunk in chunks:
-            read = len(run.pending)
-            _read_chunk(run, chunk)
-            texts = run.pending[read:]
-            if run.tools is not None and texts:
-                try:
-                    run.tools.read("".join(texts))
-                except MalformedToolCall as exc:
-                    stream.stop()
-                    _count_constraint_failure(run, exc)
-                    return _fail(run, BackendError(str(exc)).to_problem(), sources=[S.RUNNING])
-            if chunk.final:
-                break
-            lost = _commit_batch(run)
-            if lost is not None:
-                stream.stop()
-                return _after_lost_race(run, lost)
-    finally:
+        results: list[TransitionResult | None] | None = _progress_group([batch for _, batch in batches])
+        error: BaseException | None = None
+    except Exception as exc:  # DatabaseGaveUp, or a bug: each row ends by it as its own commit would
+        results, error = None, exc
+    for index, (held, _) in enumerate(batches):
+        result = None if results is None else results[index]
+        outcome = _guarded(held, lambda held=held, result=result: _progressed(held, result, error))
+        if outcome is not None:
+            _end(held, outcome)
+            ended.append(held)
+    return ended
+
+
+def _read_step(held: _Held) -> lifecycle.ProgressBatch | str | None:
+    """What the row made since its last commit: a batch to commit, how the run ended, or None (nothing)."""
+    run, stream = held.run, held.stream
+    chunk = held.take()
+    if chunk is None:
+        return None
+    if chunk.error is not None:
+        raise chunk.error
+    read = len(run.pending)
+    _read_chunk(run, chunk)
+    texts = run.pending[read:]
+    if run.tools is not None and texts:
+        try:
+            run.tools.read("".join(texts))
+        except MalformedToolCall as exc:
+            stream.stop()
+            _count_constraint_failure(run, exc)
+            return _fail(run, BackendError(str(exc)).to_problem(), sources=[S.RUNNING])
+    if chunk.final:
         stream.stop()
-    assert run.chunk is not None
+        return _stream_ended(run)
+    return _progress_batch(run)
+
+
+def _progressed(held: _Held, result: TransitionResult | None, error: BaseException | None) -> str | None:
+    """After the group commit: None if the row goes on, else how its run ended (a lost compare-and-set)."""
+    if isinstance(error, DatabaseGaveUp):  # said per task, as its own commit would have said it
+        raise DatabaseGaveUp("task_progress", held.run.task_id, error.seconds, error.cause) from error.cause
+    if error is not None:
+        raise error
+    lost = _commit_result(held.run, result)
+    if lost is None:
+        return None
+    held.stream.stop()
+    return _after_lost_race(held.run, lost)
+
+
+def _guarded(held: _Held, action: Callable[[], Result]) -> Result | str:
+    """``action``, or how the run ended when it raised: handed back if the database was lost, else failed."""
+    run = held.run
+    try:
+        return action()
+    except DatabaseGaveUp as exc:
+        held.stream.stop()
+        return _database_lost(run.task_id, run.worker, exc)
+    except Exception as exc:
+        held.stream.stop()
+        logger.exception("task %s: backend error", run.task_id)
+        _count_constraint_failure(run, exc)
+        try:
+            return _fail(run, runtime_problem(exc), sources=[S.RUNNING])
+        except DatabaseGaveUp as again:
+            return _database_lost(run.task_id, run.worker, again)
+        except Exception:
+            logger.exception("task %s: could not be failed; the reaper applies its on_restart policy", run.task_id)
+            return "left to the reaper"
+
+
+def _end(held: _Held, outcome: str) -> None:
+    held.outcome = outcome
+    try:
+        held.resources.close()
+    except Exception:
+        logger.exception("task %s: releasing its run failed", held.run.task_id)
+    finally:
+        held.done.set()
+
+
+def _beat(rows: list[_Held]) -> None:
+    """The run loop's heartbeat for rows that committed nothing for a while (a long prefill)."""
+    for held in rows:
+        run = held.run
+        try:
+            lifecycle.task_heartbeat(task_id=run.task_id, worker=run.worker)
+        except Exception as exc:  # a missed heartbeat must not stop the rows
+            logger.warning("heartbeat for %s failed: %s", run.task_id, _one_line(exc))
+            if isinstance(exc, DatabaseError):
+                connection.close()  # the next beat opens a new connection
+            continue
+        # A lost one (the task moved on) is seen by the row's next commit, which stops it.
+        run.heartbeat.touched()
+
+
+_run_loop: RunLoop[_Held] = RunLoop(advance=_advance, beat=_beat, beat_seconds=settings.LMSP_HEARTBEAT_SECONDS)
+
+
+def run_loop_empty(*, timeout: float) -> bool:
+    """Wait until the run loop carries no row (a shutdown's hand-backs done); False on ``timeout``."""
+    return _run_loop.wait_empty(timeout)
+
+
+def _stream_ended(run: _Run) -> str:
+    """The row left the engine: finish the task by how it ended."""
+    assert run.chunk is not None and run.generation is not None
     run.metrics.generation_stopped(run.output_tokens, at=run.last_token_at or None)
     if run.chunk.interrupted:
         return _hand_back(run)
@@ -694,7 +874,7 @@ def _stream(run: _Run, stream: RowStream, chunks: Iterator[Chunk]) -> str:
 def _hand_back(run: _Run) -> str:
     """The worker is stopping and the row did not finish: commit what it made, then apply the task's policy."""
     if run.pending_tokens or run.pending:
-        lost = _commit_batch(run)
+        lost = _commit_result(run, _progress_group([_progress_batch(run)])[0])
         if lost is not None:
             return _after_lost_race(run, lost)
     summary = held_task_release(task_id=run.task_id, worker=run.worker, reason="its worker was shut down")
@@ -702,10 +882,9 @@ def _hand_back(run: _Run) -> str:
     return "handed back"
 
 
-def _commit_batch(run: _Run) -> TransitionResult | None:
-    """Commit the pending deltas, with the other rows' in this process's commit window; the lost
-    compare-and-set's result if another writer moved the task."""
-    batch = lifecycle.ProgressBatch(
+def _progress_batch(run: _Run) -> lifecycle.ProgressBatch:
+    """The pending deltas and snapshot row, for the run loop's next group commit."""
+    return lifecycle.ProgressBatch(
         task_id=run.task_id,
         worker=run.worker,
         item_id=run.item_id,
@@ -714,14 +893,12 @@ def _commit_batch(run: _Run) -> TransitionResult | None:
         snapshot=run.snapshot(),
         item_events=run.tools.pending_events if run.tools is not None else None,
     )
-    outcome = _commit_window.progress(batch)
-    if isinstance(outcome.error, DatabaseGaveUp):
-        raise DatabaseGaveUp("task_progress", run.task_id, outcome.error.seconds, outcome.error.cause)
-    if outcome.error is not None:
-        raise outcome.error
-    if outcome.result is None:
+
+
+def _commit_result(run: _Run, result: TransitionResult | None) -> TransitionResult | None:
+    """Take in a batch's committed result; the lost compare-and-set's result if another writer moved the task."""
+    if result is None:
         raise TaskNotFound(f"task {run.task_id} does not exist")
-    result = outcome.result
     if not result.won:
         run.metrics.generation_stopped(run.output_tokens, at=run.last_token_at or None)
         return result

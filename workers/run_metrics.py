@@ -283,7 +283,7 @@ def _never_raises(method: Callable[P, None]) -> Callable[P, None]:
 
 @_never_raises
 def commit_group_observed(worker: str, tasks: int) -> None:
-    """One transaction of the commit window wrote ``tasks`` tasks' batches (``workers.commit_window``)."""
+    """One transaction of the run loop wrote ``tasks`` tasks' batches (``workers.run_loop``)."""
     recorder().observe(COMMIT_GROUP_TASKS, worker, tasks)
 
 

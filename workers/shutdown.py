@@ -13,13 +13,15 @@ A pool process lost while the node is not stopping (the OOM killer, a crash)
 is still logged in full.
 
 With the threads pool (the batched worker) no process is lost: SIGTERM
-starts Celery's warm shutdown, which waits for the running task threads.
-The receiver of ``worker_shutting_down`` tells the process's engines to drain
-(``workers.engine.engines_drain``): rows may go on for
-``LMSP_DRAIN_SECONDS``, then stop; each task thread commits its last batch,
-hands its task back by its policy (``held_task_release``) and says so through
-:func:`task_handed_back_log`, in the same line as above. A cold shutdown
-(SIGQUIT, a second Ctrl-C) cuts the drain short.
+starts Celery's warm shutdown, which waits for the task threads still
+starting a run. The receiver of ``worker_shutting_down`` tells the
+process's engines to drain (``workers.engine.engines_drain``): rows may go
+on for ``LMSP_DRAIN_SECONDS``, then stop; the run loop that carries them
+(``workers.run_loop``) commits each one's last batch, hands its task back
+by its policy (``held_task_release``) and says so through
+:func:`task_handed_back_log`, in the same line as above, and the process
+waits for it at exit. A cold shutdown (SIGQUIT, a second Ctrl-C) cuts the
+drain short.
 
 Imported by the Celery app (``imports`` in ``lmsp_project/celery.py``) and by
 ``workers.execution``, so it imports neither ``workers.tasks`` nor the
@@ -30,8 +32,10 @@ it reads what became of the task (the second call finds nothing to move).
 
 from __future__ import annotations
 
+import atexit
 import logging
 import signal
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -53,6 +57,10 @@ from tasks_app.states import TaskStatus
 logger = logging.getLogger(__name__)
 
 S = TaskStatus
+
+# After the drain, how long the run loop's rows get for their last commits and hand-backs (each may
+# wait for SQLite's write lock): within the 45 s that docker-compose.yml's grace period allows them.
+RUNS_END_SECONDS = 40.0
 
 # billiard's own line when a pool process exits with a signal (its logger, "multiprocessing").
 _POOL_EXIT_TEMPLATE = "Process %r pid:%r exited with %r"
@@ -171,6 +179,8 @@ def _drain_engines(sender: object = None, how: str = "Warm", **kwargs: object) -
         from workers.engine import engines_drain
     except ImportError:
         return
+    if _drain_asked is None:
+        atexit.register(_wait_for_runs)
     _drain_asked = grace
     engines_drain(grace_seconds=grace)
 
@@ -183,6 +193,23 @@ _pool_process = False
 def _mark_pool_process(**kwargs: object) -> None:
     global _pool_process
     _pool_process = True
+
+
+def in_pool_process() -> bool:
+    """Whether this is a prefork pool process (not the threads pool's one process)."""
+    return _pool_process
+
+
+def _wait_for_runs() -> None:
+    """At the drained process's exit (``atexit``: after Celery's warm or cold shutdown, while the run
+    loop's thread still runs): the task threads are done, but the run loop may still carry rows; their
+    last commits and hand-backs end before the process does."""
+    execution = sys.modules.get("workers.execution")
+    if execution is None:  # this process never ran a task (a prefork parent, the maintenance node)
+        return
+    grace = _drain_asked if _drain_asked is not None else float(settings.LMSP_DRAIN_SECONDS)
+    if not execution.run_loop_empty(timeout=grace + RUNS_END_SECONDS):
+        logger.error("rows were still running at exit; the reaper or lmsp_recover hands their tasks back")
 
 
 def _drain_on_sigterm(signum: int, frame: object) -> None:

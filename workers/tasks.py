@@ -14,8 +14,8 @@ from tasks_app.broker import CLEANUP_TASK, REAP_TASK, RUN_TASK, SWEEP_TASK
 from tasks_app.services.dispatch import queued_tasks_sweep
 from tasks_app.services.recovery import abandoned_tasks_reap, lost_task_recover
 from tasks_app.services.retention import retention_cleanup
-from workers.execution import task_execute
-from workers.shutdown import node_stopping, sigterm_drains_engines
+from workers.execution import room_wait, task_execute
+from workers.shutdown import in_pool_process, node_stopping, sigterm_drains_engines
 
 logger = logging.getLogger(__name__)
 
@@ -28,9 +28,15 @@ def run_task(self: Task, task_id: str) -> str:
         # the queue for another worker or the next start, not claimed here.
         logger.info("left task %s to another worker: this one is stopping", task_id)
         raise Reject("this worker is stopping", requeue=True)
+    if not room_wait(stopping=node_stopping):
+        logger.info("left task %s to another worker: this one is stopping", task_id)
+        raise Reject("this worker is stopping", requeue=True)
     worker = f"{self.request.hostname or 'worker'}/{os.getpid()}"
     with sigterm_drains_engines():
-        return task_execute(task_id=task_id, worker=worker)
+        # The threads pool's task thread only starts the run: the process's run loop carries it on, and
+        # the thread takes the next message. A prefork pool process waits for its run's end, so that a
+        # lost process is seen as the loss of its task (workers.shutdown).
+        return task_execute(task_id=task_id, worker=worker, wait=in_pool_process(), reserved=True)
 
 
 @shared_task(name=SWEEP_TASK, ignore_result=True, acks_late=False)

@@ -149,6 +149,14 @@ class RowStream(Protocol):
         """End the row before its next model call; its last chunk still comes."""
         ...
 
+    def notify(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` whenever a chunk comes (at once if one waits); it must return at once."""
+        ...
+
+    def take(self) -> Chunk | None:
+        """The chunks that came since the last read, merged into one, or None; never waits."""
+        ...
+
 
 class Engine(Protocol):
     """Runs many generations of one loaded model together (one per worker process and model)."""

@@ -41,7 +41,7 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -82,6 +82,7 @@ class RowStream:
         self._queue: queue.SimpleQueue[Chunk] = queue.SimpleQueue()
         self._arrived = threading.Event()
         self.stopped = threading.Event()
+        self._notify: Callable[[], None] | None = None
 
     def stop(self) -> None:
         """End the row before its next model call (a lost compare-and-set, a task thread leaving)."""
@@ -92,6 +93,28 @@ class RowStream:
         self._queue.put(chunk)
         if not self._arrived.is_set():  # the first chunk only: set() takes a lock and wakes every waiter
             self._arrived.set()
+        notify = self._notify
+        if notify is not None:
+            notify()
+
+    def notify(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` (on the model thread: it must only hand over) whenever a chunk comes."""
+        self._notify = callback
+        if not self._queue.empty():
+            callback()
+
+    def take(self) -> Chunk | None:
+        """What came since the last read, as one chunk (an error chunk as it is), or None: never waits."""
+        try:
+            chunk = self._queue.get_nowait()
+        except queue.Empty:
+            return None
+        while not chunk.final:
+            try:
+                chunk = chunk.then(self._queue.get_nowait())
+            except queue.Empty:
+                break
+        return chunk
 
     def ready(self, timeout: float) -> bool:
         """Whether a chunk has come, waiting at most ``timeout`` seconds for the first."""
