@@ -14,7 +14,8 @@ logits and greedy tokens with TF32 off and on; each fixture layout's recorded to
 prefill and resume; float16 graphs; ms per decode step at 128/1k/4k split into the session
 run and the sampler, with CPU time per wall second; GPU memory after load, after long
 generations, after close, and an arena cap; the missing-library failure path; the batched
-engine. Every result is printed as it comes ([PASS]/[FAIL]/[INFO]) and, with $OUT set (or
+engine; device picks (greedy rows picked on the device, only the others' logits copied). Every
+result is printed as it comes ([PASS]/[FAIL]/[INFO]) and, with $OUT set (or
 --out), written as JSON. A section that raises is recorded and the next one runs; one that
 would overrun --budget-s is skipped and says so. Exit status: 0 when no check failed, 1 otherwise.
 """
@@ -197,6 +198,10 @@ def demo_graphs(root: Path, quick: bool) -> dict[str, Graph]:
     if not (root / "endless" / "model.onnx").is_file():
         build_demo_model(root / "endless", size="demo", endless=True)
     graphs["endless"] = Graph("demo:endless", root / "endless")
+    # Demo's shape with Qwen's 151,936 logits a row (padded): what a real vocabulary costs a step.
+    if not (root / "wide" / "model.onnx").is_file():
+        build_demo_model(root / "wide", size="wide", endless=True)
+    graphs["wide"] = Graph("demo:wide", root / "wide")
     return graphs
 
 
@@ -812,7 +817,14 @@ class _StepTimes:
 
 
 def _engine_rows(
-    model: OnnxModel, prompts: Sequence[list[int]], tokens: Sequence[int], *, max_batch: int, watch: bool = False
+    model: OnnxModel,
+    prompts: Sequence[list[int]],
+    tokens: Sequence[int],
+    *,
+    max_batch: int,
+    watch: bool = False,
+    device_picks: bool = False,
+    params: Callable[[int, int], SamplingParams] | None = None,
 ) -> tuple[list[list[int]], float, _StepTimes, list[dict[str, Any]]]:
     """Run the prompts as rows of one batch engine (staggered, so rows join and leave); tokens, seconds, steps."""
     import threading
@@ -821,15 +833,24 @@ def _engine_rows(
 
     times = _StepTimes()
     engine = BatchEngine(
-        model, max_batch=max_batch, kv_budget_bytes=0, delta_tokens=16, delta_seconds=0.05, observer=times
+        model,
+        max_batch=max_batch,
+        kv_budget_bytes=0,
+        delta_tokens=16,
+        delta_seconds=0.05,
+        observer=times,
+        device_picks=device_picks,
     )
     results: list[list[int]] = [[] for _ in prompts]
     seen: list[dict[str, Any]] = []
 
     def submit(index: int) -> None:
         time.sleep(0.002 * (index % 4))
-        params = SamplingParams(temperature=0, max_output_tokens=tokens[index])
-        generation = model.generate(prompts[index], params, should_stop=lambda: False)
+        if params is None:
+            asked = SamplingParams(temperature=0, max_output_tokens=tokens[index])
+        else:
+            asked = params(index, tokens[index])
+        generation = model.generate(prompts[index], asked, should_stop=lambda: False)
         for chunk in engine.submit(generation):
             results[index].extend(step.token_id for step in chunk.steps if step.token_id is not None)
 
@@ -912,11 +933,70 @@ def batched_section(
             model.close()
 
 
+def _mixed(index: int, tokens: int) -> SamplingParams:
+    """Every other row plain greedy (picked on the device), the rest seeded (brought whole)."""
+    if index % 2 == 0:
+        return SamplingParams(temperature=0, repetition_penalty=1.0, max_output_tokens=tokens)
+    return SamplingParams(temperature=0.8, top_p=0.9, seed=100 + index, max_output_tokens=tokens)
+
+
+def picks_section(args: argparse.Namespace, report: Report, graphs: dict[str, Graph], wide: Graph) -> None:
+    """Device picks (``step_picks``): a decode step's plain greedy rows picked where the logits lie, only
+    the other rows' logits copied to the host. Same tokens as the host path on the same device; the
+    bytes and the step time at 1-32 rows of the 151,936-wide model, with and without."""
+    for graph in graphs.values():
+        model = load(graph, args.device)
+        try:
+            prompts = [synthetic_ids(model, 20 + 9 * i, salt=i) for i in range(6)]
+            tokens = [12 + 7 * i for i in range(6)]
+            runs = {
+                picks: _engine_rows(model, prompts, tokens, max_batch=6, device_picks=picks, params=_mixed)[0]
+                for picks in (False, True)
+            }
+            same = runs[True] == runs[False]
+            where = [first_difference(a, b) for a, b in zip(runs[True], runs[False], strict=True)]
+            report.check(
+                f"{graph.name}: greedy rows picked on {args.device}, seeded ones beside them: the host path's tokens",
+                same,
+                "" if same else where,
+            )
+        finally:
+            model.close()
+    model = load(wide, args.device)
+    try:
+        width = model.vocab_size
+        count = 32 if args.quick else 128
+        for rows in (1, 8) if args.quick else (1, 8, 32):
+            prompts = [synthetic_ids(model, 64, salt=i) for i in range(rows)]
+            figures: dict[str, Any] = {}
+            made: dict[bool, list[list[int]]] = {}
+            for picks in (False, True):
+                plain = lambda index, tokens: SamplingParams(  # noqa: E731
+                    temperature=0, repetition_penalty=1.0, max_output_tokens=tokens
+                )
+                got, seconds, times, _ = _engine_rows(
+                    model, prompts, [count] * rows, max_batch=rows, device_picks=picks, params=plain
+                )
+                made[picks] = got
+                steps = sorted(times.steps) or [0.0]
+                figures["device" if picks else "host"] = {
+                    "tokens_per_s": round(sum(len(t) for t in got) / seconds, 1),
+                    "step_ms_p50": round(1000 * steps[len(steps) // 2], 3),
+                    "host_bytes_per_step": rows * (8 + 4 + 1) if picks else rows * width * 4,
+                }
+            report.check(
+                f"{wide.name}: {rows} greedy rows: the same tokens picked on the device", made[True] == made[False]
+            )
+            report.info(f"{wide.name}: {rows} greedy rows x {count} tokens, host vs device picks", figures)
+    finally:
+        model.close()
+
+
 # --------------------------------------------------------------------------- #
 
 
 SECTIONS = ("environment", "placement", "kv", "logits", "fixtures", "resume", "fp16", "timing", "memory", "libraries")
-SECTIONS += ("batched",)
+SECTIONS += ("batched", "picks")
 # The float32 fixture layouts, compared with the CPU token for token; the float16 ones against this one.
 FP32_FIXTURES = ("qwen2-community", "qwen2-tiny", "llama-tiny", "phi3-tiny", "gpt2-tiny", "llama-genai", "phi3-legacy")
 FP32_PAIR = "qwen2-community"
@@ -939,7 +1019,7 @@ def main() -> int:
 
     demos = demo_graphs(models_dir, args.quick)
     fixtures = fixture_graphs(args.quick)
-    fp32 = {k: g for k, g in demos.items() if k != "endless"}
+    fp32 = {k: g for k, g in demos.items() if k not in ("endless", "wide")}
     fp32_fixtures = {k: g for k, g in fixtures.items() if k in FP32_FIXTURES}
     halves = [(fixtures[k], fixtures[FP32_PAIR]) for k in fixtures if k.endswith("16") and FP32_PAIR in fixtures]
     resumed = {
@@ -957,6 +1037,19 @@ def main() -> int:
         ("timing", 90, lambda: timing_section(args, report, fp32)),
         ("memory", 60, lambda: memory_section(args, report, demos)),
         ("libraries", 40, lambda: missing_libraries_section(args, report, demos)),
+        (
+            "picks",
+            45,
+            lambda: picks_section(
+                args,
+                report,
+                {
+                    "endless": demos["endless"],
+                    **{k: fixtures[k] for k in ("llama-genai", f"{FP32_PAIR}:fp16") if k in fixtures},
+                },
+                demos["wide"],
+            ),
+        ),
         (
             "batched",
             60,

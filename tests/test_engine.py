@@ -170,33 +170,49 @@ def beside(
     return got
 
 
-def varied(model: OnnxModel, *, seed: int | None) -> list[Request]:
-    """Prompts of different lengths, limits that end rows at different steps, staggered starts."""
+def varied(model: OnnxModel, *, seed: int | None, mixed: bool = False) -> list[Request]:
+    """Prompts of different lengths, limits that end rows at different steps, staggered starts;
+    ``mixed``: every other row greedy, the rest seeded with ``seed``."""
     vocab = min(model.vocab_size, 300)
     requests = []
     for index, length in enumerate((31, 9, 47, 5, 22, 16)):
         prompt = [(7 + 13 * index + 5 * i) % (vocab - 3) + 3 for i in range(length)]
         sampled = {} if seed is None else {"temperature": 0.9, "top_p": 0.95}
+        if mixed and index % 2 == 0:
+            # Greedy without the penalty some generation configs set (qwen2's 1.05): the rows a step may
+            # pick on the device.
+            sampled = {"repetition_penalty": 1.0}
         params = SamplingParams(max_output_tokens=6 + 5 * index, seed=seed, **({"temperature": 0} | sampled))
         requests.append(Request(prompt, params, delay=0.003 * index, hold_for=3 if index == 0 else 0))
     return requests
 
 
-@pytest.mark.parametrize("seed", [None, 11], ids=["greedy", "seeded"])
+@pytest.mark.parametrize(
+    ("seed", "device_picks"), [(None, False), (11, False), (11, True)], ids=["greedy", "seeded", "mixed-device-picks"]
+)
 @pytest.mark.parametrize("key", LAYOUTS)
 def test_rows_joining_and_leaving_give_the_tokens_of_each_request_alone(
-    loaded: Callable[[str], OnnxModel], key: str, seed: int | None
+    loaded: Callable[[str], OnnxModel], key: str, seed: int | None, device_picks: bool, monkeypatch
 ) -> None:
+    """Device picks (what CUDA runs, here on the CPU provider): greedy rows picked by the step-picks
+    graph, the seeded rows beside them sampled on the host from the rows it brought whole."""
     model = loaded(key)
-    requests = varied(model, seed=seed)
+    requests = varied(model, seed=seed, mixed=device_picks)
     expected = [alone(model, r.prompt, r.params) for r in requests]
     observer = Observer()
-    engine = fresh_engine(model, observer=observer)
+    engine = fresh_engine(model, observer=observer, device_picks=device_picks)
+    whole: list[int] = []
+    if device_picks:
+        picks = model.open_step_picks()
+        take = picks.take
+        monkeypatch.setattr(picks, "take", lambda logits, full: whole.append(len(full)) or take(logits, full))
     try:
         got = [ids_of(chunks) for chunks in run_together(engine, model, requests)]
     finally:
         engine.close()
     assert got == expected
+    if device_picks:  # the greedy rows' steps were picked on the device
+        assert whole
     # Six requests through three places: never more than three rows at once, and (batchable
     # graphs) rows decoded together, so rows joined a running batch and left it.
     assert max(observer.running) <= 3 and len(observer.waits) == 6
@@ -543,10 +559,14 @@ def wide(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OnnxModel]:
     model.close()
 
 
+@pytest.mark.parametrize("device_picks", [False, True], ids=["host", "device-picks"])
 def test_rows_sampled_on_several_threads_at_a_real_vocabulary_give_the_tokens_of_each_request_alone(
-    wide: OnnxModel,
+    wide: OnnxModel, device_picks: bool, monkeypatch
 ) -> None:
-    """Seeded, greedy, penalised and grammar-bound rows in one step, shared out over three sampling threads."""
+    """Seeded, greedy, penalised and grammar-bound rows in one step, shared out over three sampling threads.
+
+    With device picks the greedy row is picked by the step-picks graph and only the other four rows'
+    151,936 logits come to the host."""
     assert wide.vocab_size == 151936
     grammar = format_grammar({"text": {"format": {"type": "json_object"}}})
     params = [
@@ -562,7 +582,12 @@ def test_rows_sampled_on_several_threads_at_a_real_vocabulary_give_the_tokens_of
     ]
     expected = [alone(wide, r.prompt, r.params) for r in requests]
     observer = Observer()
-    engine = fresh_engine(wide, max_batch=5, observer=observer, sampling_threads=3)
+    engine = fresh_engine(wide, max_batch=5, observer=observer, sampling_threads=3, device_picks=device_picks)
+    whole: list[int] = []
+    if device_picks:
+        picks = wide.open_step_picks()
+        take = picks.take
+        monkeypatch.setattr(picks, "take", lambda logits, full: whole.append(len(full)) or take(logits, full))
     try:
         got = [ids_of(chunks) for chunks in run_together(engine, wide, requests)]
     finally:
@@ -571,3 +596,5 @@ def test_rows_sampled_on_several_threads_at_a_real_vocabulary_give_the_tokens_of
     assert all(len(ids) == p.max_output_tokens for ids, p in zip(got[:4], params[:4], strict=True))
     assert max(observer.steps) == 5  # every row in one step, so the step's rows went to the pool together
     assert all(token < 512 for ids in got for token in ids)  # the padded logits are never sampled
+    if device_picks:  # every step of all five rows: four brought whole, the greedy one picked on the device
+        assert 4 in whole and set(whole) <= {0, 1, 2, 3, 4}

@@ -279,12 +279,14 @@ class LoadedModel(Protocol):
         observer: Callable[[], EngineObserver] | None = None,
         sampling_threads: int = 1,
         prefill_share: float = 3.0,
+        device_picks: bool | None = None,
     ) -> Engine:
         """This model's engine (created on first use with these settings; one per process).
 
         ``kv_budget_bytes`` 0 means ``kv_share`` of the device's free memory (of the host's, on CPU);
         ``observer`` makes the engine's observer, once; ``sampling_threads`` sample a step's rows;
-        ``prefill_share`` sizes a prefill slice beside decoding rows, as a share of a decode step."""
+        ``prefill_share`` sizes a prefill slice beside decoding rows, as a share of a decode step;
+        ``device_picks`` picks plain greedy rows where the logits lie (None: on CUDA only)."""
         ...
 
     def close(self) -> None: ...

@@ -229,6 +229,21 @@ class Sampler:
     def greedy(self) -> bool:
         return self.settings.greedy
 
+    @property
+    def plain_greedy(self) -> bool:
+        """Greedy without penalties: the pick is the raw row's first highest score, nothing else."""
+        return self.greedy and not self._penalised and not self._counted
+
+    def best(self, token: int, *, finite: bool) -> int:
+        """:meth:`sample` for a :attr:`plain_greedy` row, given its argmax (found where the row lies) and
+        whether the row is a distribution (no NaN, a finite peak: what ``sample`` checks)."""
+        if not self.plain_greedy:
+            raise ValueError("only a greedy row without penalties is picked from its argmax")
+        if not finite:
+            raise GenerationError("the model produced logits that are not finite numbers")
+        self._remember(token)
+        return token
+
     def sample(self, logits: np.ndarray) -> int:
         """One token id from a 1-D logits row; draws exactly one random number unless greedy."""
         row = self._penalise(logits)

@@ -54,6 +54,7 @@ from workers.backends.errors import GenerationError
 from workers.backends.onnx.kv_batch import CacheOps, KVBatch
 from workers.backends.onnx.kv_decoder import prompt_calls
 from workers.backends.onnx.session import cuda_free_bytes
+from workers.backends.onnx.step_picks import StepLogits
 from workers.backends.sampling import SamplingPool
 
 if TYPE_CHECKING:
@@ -176,8 +177,13 @@ class BatchEngine:
         observer: EngineObserver | None = None,
         sampling_threads: int = 1,
         prefill_share: float = DEFAULT_PREFILL_SHARE,
+        device_picks: bool = False,
     ) -> None:
         self.model = model
+        # Greedy rows picked where the logits lie, only the others' rows copied (step_picks.py).
+        self.device_picks = device_picks
+        if device_picks:
+            model.open_step_picks()
         self.prefill_share = prefill_share
         self.max_batch = max(1, max_batch)
         self.kv_budget = kv_budget_bytes
@@ -376,8 +382,15 @@ class BatchEngine:
         if constrained:
             self._masks = self._masks or MaskPlanner()
             masks = self._masks.start(constrained)
+        on_device = [self.device_picks and row.generation.picks_on_device for row in rows]
         try:
-            logits = group.batch.feed(ids, want_logits=True)
+            if any(on_device):
+                full = [index for index, here in enumerate(on_device) if not here]
+                step = group.batch.feed_step(ids, full_rows=np.array(full, dtype=np.int64))
+                logits = step.rows
+            else:
+                step, full = None, list(range(len(rows)))
+                logits = group.batch.feed(ids, want_logits=True)
         except GenerationError as exc:
             MaskPlanner.wait(masks)
             for row in rows:
@@ -388,11 +401,20 @@ class BatchEngine:
         assert logits is not None
         if masks is not None:
             self.observer.masks(rows=len(constrained), seconds=MaskPlanner.wait(masks))
-        picks = self._sampling.run(
-            [partial(row.generation.pick, row_logits) for row, row_logits in zip(rows, logits, strict=True)],
+        hosted = [rows[index] for index in full]
+        sampled = self._sampling.run(
+            [partial(row.generation.pick, row_logits) for row, row_logits in zip(hosted, logits, strict=True)],
             width=logits.shape[-1],
-            sampled=[not row.generation.sampler.greedy for row in rows],
+            sampled=[not row.generation.sampler.greedy for row in hosted],
         )
+        if step is None:
+            picks = sampled
+        else:
+            by_index = dict(zip(full, sampled, strict=True))
+            picks = [
+                _best_pick(row.generation, step, index) if here else by_index[index]
+                for index, (row, here) in enumerate(zip(rows, on_device, strict=True))
+            ]
         done = [row for row, pick in zip(rows, picks, strict=True) if not self._take(row, pick, now)]
         if done:
             self._leave(group, done, emitted=True)
@@ -579,6 +601,14 @@ class BatchEngine:
     def _fail_all(self, error: GenerationError) -> None:
         for row in self._take_all():
             row.stream.put(Chunk.failed(error))
+
+
+def _best_pick(generation: OnnxGeneration, step: StepLogits, index: int) -> int | GenerationError:
+    """The device's pick for a plain greedy row, or its error, as ``SamplingPool.run`` gives them."""
+    try:
+        return generation.take_best(int(step.best[index]), finite=bool(step.finite[index]))
+    except GenerationError as exc:
+        return exc
 
 
 def automatic_kv_budget(model: OnnxModel, *, share: float) -> int:

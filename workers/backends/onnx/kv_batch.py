@@ -36,6 +36,7 @@ from onnx import TensorProto, helper
 from workers.backends.errors import GenerationError
 from workers.backends.onnx.error_text import one_line
 from workers.backends.onnx.session import open_helper_session
+from workers.backends.onnx.step_picks import StepLogits
 
 if TYPE_CHECKING:
     from workers.backends.onnx.model import OnnxModel
@@ -146,6 +147,7 @@ class KVBatch:
         last_row = model.last_row
         assert last_row is not None  # set as long as the session is
         self._last_row = last_row
+        self._step_picks = model.step_picks
         self._where = model.where
         self._device = model.device_type
         self._device_id = model.device_id
@@ -185,9 +187,41 @@ class KVBatch:
         More than one id per row needs a batch of one row (a prompt chunk):
         its logits stay on the device and only the last row is taken.
         """
+        new = self._check(ids)
+        # One id per row: its logits rows come straight to the host. More: they
+        # stay on the device, where only the last row is taken.
+        to_host = want_logits and new == 1
+        try:
+            logits = self._call(ids, logits_on="cpu" if to_host else self._device)
+            if not want_logits:
+                return None
+            rows = logits.numpy()[:, -1] if to_host else self._last_row.take(logits)[None, :]
+        except Exception as exc:  # onnxruntime raises its own pybind exception types
+            raise self._failed(ids, exc) from None
+        return rows.astype(np.float32, copy=False)
+
+    def feed_step(self, ids: np.ndarray, *, full_rows: np.ndarray) -> StepLogits:
+        """A decode step (one id a row) whose logits stay on the device: every row's greedy pick, and
+        only the ``full_rows`` (indices) whole on the host (``step_picks``)."""
+        if self._step_picks is None:
+            raise ValueError("this model's engine picks on the host: it has no step-picks graph")
+        if self._check(ids) != 1:
+            raise ValueError(f"a decode step feeds one id a row, not {ids.shape[1]}")
+        try:
+            return self._step_picks.take(self._call(ids, logits_on=self._device), full_rows)
+        except Exception as exc:
+            raise self._failed(ids, exc) from None
+
+    def _check(self, ids: np.ndarray) -> int:
+        """The ids a row that ``ids`` feeds (rows x tokens), if this batch can take them."""
         rows, new = ids.shape
         if rows != self.rows or (new > 1 and rows > 1):
             raise ValueError(f"feed of {rows}x{new} ids into a batch of {self.rows} rows")
+        return int(new)
+
+    def _call(self, ids: np.ndarray, *, logits_on: str) -> ort.OrtValue:
+        """One session call: ``ids`` appended to every row's cache; the logits, left on ``logits_on``."""
+        new = ids.shape[1]
         graph, names, binding = self._graph, self._graph.names, self._binding
         mask = self._mask(new)
         binding.clear_binding_inputs()
@@ -201,28 +235,21 @@ class KVBatch:
             binding.bind_cpu_input(graph.use_cache_branch, np.array([self.width > 0], dtype=np.bool_))
         for name, value in zip(graph.past_names, self.past, strict=True):
             binding.bind_ortvalue_input(name, value)
-        # One id per row: its logits rows come straight to the host. More: they
-        # stay on the device, where only the last row is taken.
-        to_host = want_logits and new == 1
-        binding.bind_output(names.logits, "cpu" if to_host else self._device, self._device_id)
+        binding.bind_output(names.logits, logits_on, self._device_id)
         for name in graph.present_names:
             binding.bind_output(name, self._device, self._device_id)
-        try:
-            self._session.run_with_iobinding(binding)
-            outputs = binding.get_outputs()  # in binding order: logits, then the presents
-            self.past = outputs[1:]
-            self.lengths = self.lengths + new
-            if not self._right_aligned:
-                self._valid = mask
-            if not want_logits:
-                return None
-            logits = outputs[0].numpy()[:, -1] if to_host else self._last_row.take(outputs[0])[None, :]
-        except Exception as exc:  # onnxruntime raises its own pybind exception types
-            log.error(
-                "onnxruntime run failed for %s (%d rows, cache width %d)", self._where, rows, self.width, exc_info=True
-            )
-            raise GenerationError(f"inference failed for {self._where}: {one_line(exc)}") from None
-        return logits.astype(np.float32, copy=False)
+        self._session.run_with_iobinding(binding)
+        outputs = binding.get_outputs()  # in binding order: logits, then the presents
+        self.past = outputs[1:]
+        self.lengths = self.lengths + new
+        if not self._right_aligned:
+            self._valid = mask
+        return outputs[0]
+
+    def _failed(self, ids: np.ndarray, exc: Exception) -> GenerationError:
+        rows, width = ids.shape[0], self.width
+        log.error("onnxruntime run failed for %s (%d rows, cache width %d)", self._where, rows, width, exc_info=True)
+        return GenerationError(f"inference failed for {self._where}: {one_line(exc)}")
 
     def _require_ops(self) -> CacheOps:
         if self._ops is None:

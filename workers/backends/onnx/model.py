@@ -47,6 +47,7 @@ from workers.backends.onnx.model_folder import (
     shape_hints,
 )
 from workers.backends.onnx.session import open_session
+from workers.backends.onnx.step_picks import StepPicks
 from workers.backends.sampling import SamplingDefaults
 
 log = logging.getLogger(__name__)
@@ -141,7 +142,24 @@ class OnnxModel:
         self.last_row: LastRow | None = LastRow(
             self.graph.logits_type, self.device_type, device_id, where=self.where, gpu_mem_limit=self.gpu_mem_limit
         )
+        # Opened by the first engine that picks greedy rows on the device (on CUDA, or asked to).
+        self.step_picks: StepPicks | None = None
+        self._picks_lock = threading.Lock()
         log.debug("model %s loaded on %s from %s", self.name, self.provider, self.graph_file)
+
+    def open_step_picks(self) -> StepPicks:
+        """The step-picks graph's session on this model's device (``step_picks``), opened once."""
+        self._require_session()
+        with self._picks_lock:
+            if self.step_picks is None:
+                self.step_picks = StepPicks(
+                    self.graph.logits_type,
+                    self.device_type,
+                    self.device_id,
+                    where=self.where,
+                    gpu_mem_limit=self.gpu_mem_limit,
+                )
+            return self.step_picks
 
     def _vocab_size(self, configured: int | None) -> int:
         """The logits' width: the graph's static dimension, else the configs, else the tokenizer's size.
@@ -254,6 +272,7 @@ class OnnxModel:
         observer: Callable[[], EngineObserver] | None = None,
         sampling_threads: int = 1,
         prefill_share: float = DEFAULT_PREFILL_SHARE,
+        device_picks: bool | None = None,
     ) -> BatchEngine:
         """This model's batch engine, started on first use (later calls return it as it is).
 
@@ -263,6 +282,8 @@ class OnnxModel:
             if self._engine is None or not self._engine.running:
                 self._require_session()
                 budget = kv_budget_bytes or automatic_kv_budget(self, share=kv_share)
+                if device_picks is None:
+                    device_picks = self.device_type == "cuda"
                 self._engine = BatchEngine(
                     self,
                     max_batch=max_batch,
@@ -272,6 +293,7 @@ class OnnxModel:
                     observer=observer() if observer is not None else None,
                     sampling_threads=sampling_threads,
                     prefill_share=prefill_share,
+                    device_picks=device_picks,
                 )
             return self._engine
 
@@ -283,3 +305,4 @@ class OnnxModel:
             engine.close()
         self.session = None
         self.last_row = None
+        self.step_picks = None

@@ -1,0 +1,116 @@
+"""A decode step's greedy picks, made on the device the logits are on: a few bytes a row to the host.
+
+A decode step's logits are rows x vocabulary (19 MB a step for 32 rows of
+Qwen's 151,936 in float32). A greedy row without penalties or an output
+constraint needs one number of its row: the id of its first highest score.
+This one small graph of our own (in its own session on the same execution
+provider, as ``last_row``) takes each row's ArgMax, its peak and whether it
+holds a NaN, and gathers the full rows of only the others (sampled,
+penalised or constrained rows, which the host sampler reads whole); only
+those outputs are bound to the host.
+
+Exact, not close: ONNX's ArgMax with ``select_last_index=0`` returns the
+first of equal highest scores, as NumPy's argmax does; a float16 row is cast
+to float32 first (exact, as the host path casts it); and the row is refused
+exactly when the host sampler refuses it (a NaN anywhere, or a peak that is
+not finite: NumPy's argmax returns a NaN's index, and +inf or an all -inf row
+is not a distribution). Top_k and top_p rows are not picked here: the host
+sampler's float64 total runs over the whole row (docs/decisions/0009). CPU
+runs the very same graph in the tests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import onnxruntime as ort
+from onnx import TensorProto, helper
+
+from workers.backends.onnx.session import open_helper_session
+
+_LOGITS = "logits"
+_FULL = "full_rows"
+# Opset 13 and IR 8, as the last-row graph: old enough for every onnxruntime this project pins.
+_OPSET = 13
+_IR_VERSION = 8
+
+
+def picks_graph(logits_type: str) -> bytes:
+    """The serialised graph: ``logits[R, S, V]`` and ``full_rows[N]`` -> ``best[R]`` (int64),
+    ``peak[R]`` (float32), ``nan[R]`` (bool) and ``rows[N, V]`` (float32): the last position's row."""
+    fp16 = logits_type == "tensor(float16)"
+    element = TensorProto.FLOAT16 if fp16 else TensorProto.FLOAT
+    last = "last16" if fp16 else "last"
+    nodes = [helper.make_node("Gather", [_LOGITS, "minus_one"], [last], axis=1)]
+    if fp16:
+        nodes.append(helper.make_node("Cast", [last], ["last"], to=TensorProto.FLOAT))
+    nodes += [
+        helper.make_node("ArgMax", ["last"], ["best"], axis=1, keepdims=0, select_last_index=0),
+        helper.make_node("ReduceMax", ["last"], ["peak"], axes=[1], keepdims=0),
+        helper.make_node("IsNaN", ["last"], ["nan_each"]),
+        helper.make_node("Cast", ["nan_each"], ["nan_float"], to=TensorProto.FLOAT),
+        helper.make_node("ReduceMax", ["nan_float"], ["nan_any"], axes=[1], keepdims=0),
+        helper.make_node("Cast", ["nan_any"], ["nan"], to=TensorProto.BOOL),
+        helper.make_node("Gather", ["last", _FULL], ["rows"], axis=0),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "step_picks",
+        [
+            helper.make_tensor_value_info(_LOGITS, element, ["rows", "sequence", "vocabulary"]),
+            helper.make_tensor_value_info(_FULL, TensorProto.INT64, ["full"]),
+        ],
+        [
+            helper.make_tensor_value_info("best", TensorProto.INT64, ["rows"]),
+            helper.make_tensor_value_info("peak", TensorProto.FLOAT, ["rows"]),
+            helper.make_tensor_value_info("nan", TensorProto.BOOL, ["rows"]),
+            helper.make_tensor_value_info("rows", TensorProto.FLOAT, ["full", "vocabulary"]),
+        ],
+        initializer=[helper.make_tensor("minus_one", TensorProto.INT64, [], [-1])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", _OPSET)], ir_version=_IR_VERSION)
+    return model.SerializeToString()
+
+
+@dataclass(frozen=True)
+class StepLogits:
+    """What of a decode step's logits reaches the host."""
+
+    best: np.ndarray
+    """Each row's first highest score's id (int64)."""
+    finite: np.ndarray
+    """Each row's pick is a token: no NaN in the row, and a finite peak (bool)."""
+    rows: np.ndarray
+    """The full float32 rows asked for, in the order asked."""
+
+    @property
+    def host_bytes(self) -> int:
+        return self.best.nbytes + self.finite.nbytes + self.rows.nbytes + 4 * len(self.best)
+
+
+class StepPicks:
+    """Runs :func:`picks_graph` on a step's logits where they lie; one per loaded model."""
+
+    def __init__(
+        self, logits_type: str, device_type: str, device_id: int, *, where: str, gpu_mem_limit: int | None = None
+    ) -> None:
+        self.session = open_helper_session(
+            picks_graph(logits_type),
+            device_type,
+            device_id,
+            where=f"the step-picks graph for {where}",
+            gpu_mem_limit=gpu_mem_limit,
+        )
+
+    def take(self, logits: ort.OrtValue, full_rows: np.ndarray) -> StepLogits:
+        """The picks of every row of ``logits`` (rows x positions x vocabulary), and the ``full_rows`` whole."""
+        # A binding per call: engines of several models may run at once.
+        binding = self.session.io_binding()
+        binding.bind_ortvalue_input(_LOGITS, logits)
+        binding.bind_cpu_input(_FULL, np.ascontiguousarray(full_rows, dtype=np.int64))
+        for name in ("best", "peak", "nan", "rows"):
+            binding.bind_output(name, "cpu")
+        self.session.run_with_iobinding(binding)
+        best, peak, nan, rows = (value.numpy() for value in binding.get_outputs())
+        return StepLogits(best=best, finite=~nan & np.isfinite(peak), rows=rows)
