@@ -379,11 +379,13 @@ LMSP_PREFILL_CHUNK = _env_int("LMSP_PREFILL_CHUNK", 512)
 LMSP_PREFILL_SHARE = _env_float("LMSP_PREFILL_SHARE", 3.0)
 if not 0 < LMSP_PREFILL_SHARE <= 100:
     raise ImproperlyConfigured(f"LMSP_PREFILL_SHARE must be in (0, 100], got {LMSP_PREFILL_SHARE}")
-# Generations one worker process steps together, in one batch on its device
-# (docs/workers.md). The worker's threads pool takes as many tasks at once
-# (the Procfile's and compose's --concurrency follow it), so that a GPU never
-# idles while tasks wait in line behind one generation; 1 runs one at a time.
-LMSP_MAX_BATCH = _env_int_at_least("LMSP_MAX_BATCH", 8, 1)
+# Generations one worker process runs at once, stepped together in one batch
+# on its device (docs/workers.md), so that a GPU never idles while tasks wait
+# in line behind one generation; 1 runs one at a time. 0 (the default): as
+# many as the engines' KV cache budgets hold (a task is claimed only while no
+# engine holds a row back for its budget), at most 256. Rows cost no thread:
+# the task threads (the Procfile's LMSP_WORKER_THREADS) only start them.
+LMSP_MAX_BATCH = _env_int_at_least("LMSP_MAX_BATCH", 0, 0, " (0: automatic, from the KV cache budget)")
 # KV cache bytes one engine may hold for its rows: a task whose cache would
 # not fit waits, in order, instead of the device running out of memory in
 # the middle of a step that every row shares. 0: automatic, from the share below.

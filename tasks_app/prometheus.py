@@ -177,7 +177,9 @@ class GaugeSpec:
     help: str
 
 
-ENGINE_MAX_BATCH = GaugeSpec("lmsp_engine_max_batch", "Rows the engines can step together (LMSP_MAX_BATCH).")
+ENGINE_MAX_BATCH = GaugeSpec(
+    "lmsp_engine_max_batch", "Rows the engines can step together (LMSP_MAX_BATCH; automatic: 256, as KV allows)."
+)
 ENGINE_ROWS_RUNNING = GaugeSpec("lmsp_engine_rows_running", "Rows in the engines' batches now.")
 ENGINE_ROWS_WAITING = GaugeSpec(
     "lmsp_engine_rows_waiting", "Rows submitted and waiting to join a batch (batch full or KV cache budget)."

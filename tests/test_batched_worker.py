@@ -21,6 +21,7 @@ from tasks_app.states import TaskStatus
 from tests.support.alone import alone_text
 from tests.support.demo import DEMO_MODEL, ENDLESS_MODEL
 from tests.support.lab import Lab
+from tests.support.waiting import wait_until
 from tests.support.worker import kill_process_group
 from tests.test_recovery import TERMINAL, deltas, events, wait_for_deltas
 from workers.backends.onnx import OnnxRuntimeBackend
@@ -90,6 +91,37 @@ def test_tasks_in_one_batch_each_get_the_text_of_their_request_alone(lab: Lab, a
     assert texts == [alone(ENDLESS_MODEL, body, following=text) for body, text in zip(bodies, texts, strict=True)]
     assert all(deltas(events(task_id)) == final_text(lab, task_id) for task_id in ids)
     assert 2 < most_at_once(ids) <= int(BATCH)
+
+
+def test_an_automatic_batch_runs_what_its_kv_budget_holds_and_leaves_the_rest_queued_for_other_workers(
+    lab: Lab,
+) -> None:
+    bodies = [request(i, tokens=300) for i in range(5)]
+    name, _, tag = ENDLESS_MODEL.partition(":")
+    model = OnnxRuntimeBackend().load(lab.models / name / tag, device="cpu")
+    try:
+        # Each row reserves its prompt and its 300 output tokens: the budget holds two rows, not three.
+        row_bytes = model.kv_bytes_per_position * max(len(model.prompt_ids(body)) + 300 for body in bodies)
+    finally:
+        model.close()
+    # LMSP_MAX_BATCH left to its default (automatic); two task threads.
+    budget = {"LMSP_KV_CACHE_BYTES": str(row_bytes * 5 // 2), "LMSP_DELTA_BATCH_MS": "20"}
+    with lab.worker("automatic", pool="threads", concurrency=2, **budget, **SLOW_DEVICE) as worker:
+        assert not lab.env.get("LMSP_MAX_BATCH")
+        ids = [lab.create("fail", model=ENDLESS_MODEL, **body) for body in bodies]
+        wait_until(
+            lambda: (
+                sum(TaskEvent.objects.filter(task_id=i, type="response.output_text.delta").exists() for i in ids) >= 2
+            ),
+            what=lambda: f"two rows never generated:\n{worker.log()[-3000:]}",
+        )
+        # Two rows run and at most one more waits in the engine for room: the others were not claimed,
+        # so they are still queued, free for any worker.
+        statuses = [lab.task(task_id)["status"] for task_id in ids]
+        assert statuses.count("queued") >= 2, statuses
+        outcomes = [lab.wait_for(task_id, TERMINAL, worker)["status"] for task_id in ids]
+    assert outcomes == ["succeeded"] * 5
+    assert most_at_once(ids) == 2
 
 
 def test_the_demo_model_in_a_batch_ends_each_task_as_it_would_alone(lab: Lab, alone) -> None:

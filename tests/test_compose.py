@@ -222,7 +222,7 @@ def test_one_worker_per_gpu(resolve):
         command = command_of(service)
         # One process per GPU, running as many tasks at once as its engine batches; a few threads start them.
         assert option(command, "--pool") == "threads", name
-        assert env_of(service)["LMSP_MAX_BATCH"] == "8", name
+        assert env_of(service)["LMSP_MAX_BATCH"] == "", name  # unset: automatic, from the KV budget
         assert option(command, "--concurrency") == env_of(service)["LMSP_WORKER_THREADS"] == "4", name
         node_names.append(option(command, "--hostname"))
         (device,) = service["deploy"]["resources"]["reservations"]["devices"]
@@ -250,7 +250,7 @@ def test_cpu_profile_runs_one_worker_without_a_gpu(resolve):
     assert env_of(service)["LMSP_DEVICE"] == "cpu"
     command = command_of(service)
     assert option(command, "--pool") == "threads"
-    assert env_of(service)["LMSP_MAX_BATCH"] == "8"
+    assert env_of(service)["LMSP_MAX_BATCH"] == ""
     assert option(command, "--concurrency") == env_of(service)["LMSP_WORKER_THREADS"] == "4"
     assert seconds(service["stop_grace_period"]) >= 30
     # Without a worker profile no worker (and no GPU) is asked for.

@@ -390,7 +390,7 @@ def test_quickstart_serves_a_task_and_ctrl_c_stops_everything_with_its_own_redis
     redis_stat = _stat(redis_pid)
     started = launcher.stop(signal.SIGINT, group=True)
     commands = " ".join(p.cmdline for p in started)
-    # The worker's task threads (LMSP_WORKER_THREADS, 4 by default) start its rows (LMSP_MAX_BATCH, 8).
+    # The worker's task threads (LMSP_WORKER_THREADS, 4 by default) start its rows (as its KV budget holds).
     assert "uvicorn" in commands and "--pool threads --concurrency 4" in commands and "--beat" in commands
     assert launcher.proc.returncode == 130
     assert_all_gone([*started, ProcInfo(redis_pid, redis_stat[1], "redis-server")], launcher)

@@ -43,9 +43,9 @@ def read_settings(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, **env: str) -
     return {name: values[name] for name in ENGINE_SETTINGS}
 
 
-def test_the_defaults_batch_eight_tasks_and_size_memory_automatically(monkeypatch, tmp_path):
+def test_the_defaults_size_the_batch_and_the_memory_automatically(monkeypatch, tmp_path):
     assert read_settings(monkeypatch, tmp_path) == {
-        "LMSP_MAX_BATCH": 8,
+        "LMSP_MAX_BATCH": 0,
         "LMSP_KV_CACHE_BYTES": 0,
         "LMSP_KV_CACHE_SHARE": 0.5,
         "LMSP_DRAIN_SECONDS": 0.0,
@@ -87,8 +87,11 @@ def test_what_the_environment_says_is_what_the_worker_gets(monkeypatch, tmp_path
 @pytest.mark.parametrize(
     ("name", "value", "message"),
     [
-        ("LMSP_MAX_BATCH", "0", "LMSP_MAX_BATCH must be an integer >= 1, got 0"),
-        ("LMSP_MAX_BATCH", "-3", "LMSP_MAX_BATCH must be an integer >= 1, got -3"),
+        (
+            "LMSP_MAX_BATCH",
+            "-3",
+            "LMSP_MAX_BATCH must be an integer >= 0 (0: automatic, from the KV cache budget), got -3",
+        ),
         ("LMSP_MAX_BATCH", "eight", "LMSP_MAX_BATCH must be an integer, got 'eight'"),
         ("LMSP_KV_CACHE_BYTES", "-1", "LMSP_KV_CACHE_BYTES must be an integer >= 0 (0: automatic), got -1"),
         ("LMSP_KV_CACHE_BYTES", "2GB", "LMSP_KV_CACHE_BYTES must be an integer, got '2GB'"),

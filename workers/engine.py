@@ -3,7 +3,7 @@
 A task thread asks :func:`engine_for` for the engine of the model its task
 runs on and submits its generation there (``workers.execution``). The
 engine's model thread steps every row of that model together; the settings
-(``LMSP_MAX_BATCH``, ``LMSP_KV_CACHE_BYTES``/``LMSP_KV_CACHE_SHARE``, the
+(``LMSP_MAX_BATCH``, automatic by default, ``LMSP_KV_CACHE_BYTES``/``LMSP_KV_CACHE_SHARE``, the
 delta batch window, ``LMSP_SAMPLING_THREADS``) are read here, so the backend knows nothing of Django.
 
 :func:`engines_drain` is what a SIGTERM calls (``workers.shutdown``): engines
@@ -24,10 +24,25 @@ from workers.backends.base import Engine, LoadedModel
 from workers.run_metrics import EngineMetrics
 
 SWITCH_INTERVAL_SECONDS = 0.0005
+# LMSP_MAX_BATCH 0: rows as the KV budgets allow, at most this many (vLLM's default max_num_seqs).
+AUTOMATIC_MAX_BATCH = 256
 
 _engines: weakref.WeakSet[Engine] = weakref.WeakSet()
 _lock = threading.Lock()
 _drain_deadline: float | None = None
+
+
+def max_rows() -> int:
+    """Rows this process runs at once: ``LMSP_MAX_BATCH``, or (0, automatic) at most ``AUTOMATIC_MAX_BATCH``,
+    as the engines' KV budgets allow (:func:`engines_full`)."""
+    return settings.LMSP_MAX_BATCH or AUTOMATIC_MAX_BATCH
+
+
+def engines_full() -> bool:
+    """Whether an engine of this process holds a row back because its KV budget is spent."""
+    with _lock:
+        engines = list(_engines)
+    return any(engine.waiting for engine in engines)
 
 
 def engine_for(model: LoadedModel, *, worker: str, model_name: str) -> Engine:
@@ -40,14 +55,14 @@ def engine_for(model: LoadedModel, *, worker: str, model_name: str) -> Engine:
     from workers.backends.sampling import automatic_sampling_threads
 
     engine = model.engine(
-        max_batch=settings.LMSP_MAX_BATCH,
+        max_batch=max_rows(),
         kv_budget_bytes=settings.LMSP_KV_CACHE_BYTES,
         kv_share=settings.LMSP_KV_CACHE_SHARE,
         delta_tokens=settings.LMSP_DELTA_BATCH_TOKENS,
         delta_seconds=settings.LMSP_DELTA_BATCH_MS / 1000,
         sampling_threads=settings.LMSP_SAMPLING_THREADS or automatic_sampling_threads(),
         prefill_share=settings.LMSP_PREFILL_SHARE,
-        observer=lambda: EngineMetrics(worker=worker, model=model_name, max_batch=settings.LMSP_MAX_BATCH),
+        observer=lambda: EngineMetrics(worker=worker, model=model_name, max_batch=max_rows()),
     )
     with _lock:
         if engine not in _engines:

@@ -79,7 +79,7 @@ from workers.backends.base import (
 )
 from workers.backends.errors import ConstraintFailed, ContextTooLong, ModelLoadError, PromptRejected, RuntimeFailure
 from workers.cancel_watcher import cancel_watcher
-from workers.engine import engine_for
+from workers.engine import engine_for, engines_full, max_rows
 from workers.model_cache import model_cache
 from workers.run_loop import RunLoop
 from workers.run_metrics import RunMetrics, commit_group_observed
@@ -349,17 +349,24 @@ class _Run:
 
 
 def room_wait(*, stopping: Callable[[], bool]) -> bool:
-    """Wait for a place among this process's rows (``LMSP_MAX_BATCH``) before a task is claimed.
+    """Wait for a place among this process's rows (``LMSP_MAX_BATCH``, or as the KV budget allows) before a
+    task is claimed.
 
     A task thread only claims what the process can run now, so a busy worker
     leaves the queue's messages to the others. False if ``stopping`` became
     true meanwhile: the message goes back to the queue. The place is the
     claimed task's until its run ends (:func:`task_execute` gives it back).
     """
-    while not _run_loop.reserve(settings.LMSP_MAX_BATCH, timeout=ROOM_POLL_SECONDS):
+    while True:
+        if _run_loop.reserve(max_rows(), timeout=ROOM_POLL_SECONDS):
+            # Automatic batch size: the rows the KV budgets hold. A row held back for the budget means
+            # the engine is full: the next task waits here, unclaimed, free for another worker.
+            if settings.LMSP_MAX_BATCH or not engines_full():
+                return True
+            _run_loop.unreserve()
+            time.sleep(ROOM_POLL_SECONDS / 10)
         if stopping():
             return False
-    return True
 
 
 def task_execute(*, task_id: str, worker: str, wait: bool = True, reserved: bool = False) -> str:
@@ -373,7 +380,7 @@ def task_execute(*, task_id: str, worker: str, wait: bool = True, reserved: bool
     to the next task. ``reserved``: :func:`room_wait` took this task's place.
     """
     if not reserved:
-        _run_loop.reserve(settings.LMSP_MAX_BATCH, timeout=None)
+        _run_loop.reserve(max_rows(), timeout=None)
     held = None
     try:
         outcome = _intake(task_id, worker)

@@ -163,6 +163,11 @@ class Engine(Protocol):
 
     def submit(self, generation: Generation) -> RowStream: ...
 
+    @property
+    def waiting(self) -> int:
+        """Rows submitted but held back (the batch is full, or the KV budget spent)."""
+        ...
+
     def drain(self, *, grace_seconds: float) -> None:
         """Take no new rows; rows still running after ``grace_seconds`` end interrupted."""
         ...

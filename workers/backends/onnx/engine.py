@@ -236,6 +236,11 @@ class BatchEngine:
             self._lock.notify()
         return stream
 
+    @property
+    def waiting(self) -> int:
+        """Rows submitted but not admitted yet (the batch is full, or the KV budget spent)."""
+        return len(self._waiting)
+
     def wake(self) -> None:
         with self._lock:
             self._lock.notify()
