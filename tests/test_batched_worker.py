@@ -115,10 +115,11 @@ def test_an_automatic_batch_runs_what_its_kv_budget_holds_and_leaves_the_rest_qu
             ),
             what=lambda: f"two rows never generated:\n{worker.log()[-3000:]}",
         )
-        # Two rows run and at most one more waits in the engine for room: the others were not claimed,
-        # so they are still queued, free for any worker.
+        # Two rows run, and each task thread may have claimed one more that waits in the engine for room
+        # (it saw the engine not yet full): the fifth was not claimed, so it is still queued, free for any
+        # worker (a fixed batch of 8 would have claimed all five).
         statuses = [lab.task(task_id)["status"] for task_id in ids]
-        assert statuses.count("queued") >= 2, statuses
+        assert statuses.count("queued") >= 1, statuses
         outcomes = [lab.wait_for(task_id, TERMINAL, worker)["status"] for task_id in ids]
     assert outcomes == ["succeeded"] * 5
     assert most_at_once(ids) == 2

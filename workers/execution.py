@@ -360,7 +360,8 @@ def room_wait(*, stopping: Callable[[], bool]) -> bool:
     while True:
         if _run_loop.reserve(max_rows(), timeout=ROOM_POLL_SECONDS):
             # Automatic batch size: the rows the KV budgets hold. A row held back for the budget means
-            # the engine is full: the next task waits here, unclaimed, free for another worker.
+            # the engine is full: the next task waits here, unclaimed, free for another worker. (Task
+            # threads check at once, so each may have claimed one task that now waits in the engine.)
             if settings.LMSP_MAX_BATCH or not engines_full():
                 return True
             _run_loop.unreserve()
