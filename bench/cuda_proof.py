@@ -934,9 +934,14 @@ def batched_section(
 
 
 def _mixed(index: int, tokens: int) -> SamplingParams:
-    """Every other row plain greedy (picked on the device), the rest seeded (brought whole)."""
-    if index % 2 == 0:
+    """Every other row greedy (picked on the device: plain, or penalised and picked from its candidates),
+    the rest seeded (brought whole)."""
+    if index % 4 == 0:
         return SamplingParams(temperature=0, repetition_penalty=1.0, max_output_tokens=tokens)
+    if index % 4 == 2:
+        return SamplingParams(
+            temperature=0, repetition_penalty=1.1, frequency_penalty=0.5, presence_penalty=0.2, max_output_tokens=tokens
+        )
     return SamplingParams(temperature=0.8, top_p=0.9, seed=100 + index, max_output_tokens=tokens)
 
 
@@ -982,7 +987,8 @@ def picks_section(args: argparse.Namespace, report: Report, graphs: dict[str, Gr
                 figures["device" if picks else "host"] = {
                     "tokens_per_s": round(sum(len(t) for t in got) / seconds, 1),
                     "step_ms_p50": round(1000 * steps[len(steps) // 2], 3),
-                    "host_bytes_per_step": rows * (8 + 4 + 1) if picks else rows * width * 4,
+                    # An id, a peak, a NaN flag and the best score with its id, against the whole row.
+                    "host_bytes_per_step": rows * (8 + 4 + 1 + 4 + 8) if picks else rows * width * 4,
                 }
             report.check(
                 f"{wide.name}: {rows} greedy rows: the same tokens picked on the device", made[True] == made[False]

@@ -170,6 +170,20 @@ def beside(
     return got
 
 
+def rows_brought_whole(model: OnnxModel, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Watches the model's step-picks graph: for each call, how many rows it brought to the host whole."""
+    picks = model.open_step_picks()
+    take = picks.take
+    whole: list[int] = []
+
+    def watched(logits: Any, full: Any, **more: Any) -> Any:
+        whole.append(len(full))
+        return take(logits, full, **more)
+
+    monkeypatch.setattr(picks, "take", watched)
+    return whole
+
+
 def varied(model: OnnxModel, *, seed: int | None, mixed: bool = False) -> list[Request]:
     """Prompts of different lengths, limits that end rows at different steps, staggered starts;
     ``mixed``: every other row greedy, the rest seeded with ``seed``."""
@@ -179,9 +193,9 @@ def varied(model: OnnxModel, *, seed: int | None, mixed: bool = False) -> list[R
         prompt = [(7 + 13 * index + 5 * i) % (vocab - 3) + 3 for i in range(length)]
         sampled = {} if seed is None else {"temperature": 0.9, "top_p": 0.95}
         if mixed and index % 2 == 0:
-            # Greedy without the penalty some generation configs set (qwen2's 1.05): the rows a step may
-            # pick on the device.
-            sampled = {"repetition_penalty": 1.0}
+            # Greedy rows, which a step picks on the device: with the penalty the generation config may
+            # set (qwen2's 1.05, picked from candidates), one without, and one with frequency and presence.
+            sampled = [{}, {"repetition_penalty": 1.0}, {"frequency_penalty": 0.6, "presence_penalty": 0.3}][index // 2]
         params = SamplingParams(max_output_tokens=6 + 5 * index, seed=seed, **({"temperature": 0} | sampled))
         requests.append(Request(prompt, params, delay=0.003 * index, hold_for=3 if index == 0 else 0))
     return requests
@@ -195,17 +209,14 @@ def test_rows_joining_and_leaving_give_the_tokens_of_each_request_alone(
     loaded: Callable[[str], OnnxModel], key: str, seed: int | None, device_picks: bool, monkeypatch
 ) -> None:
     """Device picks (what CUDA runs, here on the CPU provider): greedy rows picked by the step-picks
-    graph, the seeded rows beside them sampled on the host from the rows it brought whole."""
+    graph (penalised ones from their candidates), the seeded rows beside them sampled on the host from
+    the rows it brought whole."""
     model = loaded(key)
     requests = varied(model, seed=seed, mixed=device_picks)
     expected = [alone(model, r.prompt, r.params) for r in requests]
     observer = Observer()
     engine = fresh_engine(model, observer=observer, device_picks=device_picks)
-    whole: list[int] = []
-    if device_picks:
-        picks = model.open_step_picks()
-        take = picks.take
-        monkeypatch.setattr(picks, "take", lambda logits, full: whole.append(len(full)) or take(logits, full))
+    whole = rows_brought_whole(model, monkeypatch) if device_picks else []
     try:
         got = [ids_of(chunks) for chunks in run_together(engine, model, requests)]
     finally:
@@ -583,11 +594,7 @@ def test_rows_sampled_on_several_threads_at_a_real_vocabulary_give_the_tokens_of
     expected = [alone(wide, r.prompt, r.params) for r in requests]
     observer = Observer()
     engine = fresh_engine(wide, max_batch=5, observer=observer, sampling_threads=3, device_picks=device_picks)
-    whole: list[int] = []
-    if device_picks:
-        picks = wide.open_step_picks()
-        take = picks.take
-        monkeypatch.setattr(picks, "take", lambda logits, full: whole.append(len(full)) or take(logits, full))
+    whole = rows_brought_whole(wide, monkeypatch) if device_picks else []
     try:
         got = [ids_of(chunks) for chunks in run_together(engine, wide, requests)]
     finally:

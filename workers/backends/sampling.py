@@ -229,20 +229,87 @@ class Sampler:
     def greedy(self) -> bool:
         return self.settings.greedy
 
-    @property
-    def plain_greedy(self) -> bool:
-        """Greedy without penalties: the pick is the raw row's first highest score, nothing else."""
-        return self.greedy and not self._penalised and not self._counted
-
     def best(self, token: int, *, finite: bool) -> int:
-        """:meth:`sample` for a :attr:`plain_greedy` row, given its argmax (found where the row lies) and
-        whether the row is a distribution (no NaN, a finite peak: what ``sample`` checks)."""
-        if not self.plain_greedy:
-            raise ValueError("only a greedy row without penalties is picked from its argmax")
+        """:meth:`sample` for a greedy row whose penalties change no id yet (:meth:`penalised_ids` is
+        empty), given its argmax (found where the row lies) and whether the row is a distribution (no
+        NaN, a finite peak: what ``sample`` checks)."""
+        if not self.greedy:
+            raise ValueError("only a greedy row is picked from its argmax")
         if not finite:
             raise GenerationError("the model produced logits that are not finite numbers")
         self._remember(token)
         return token
+
+    def penalised_ids(self, width: int) -> np.ndarray:
+        """The ids whose scores the penalties change now (sorted, each once): what a device pick gathers."""
+        seen = self._seen_so_far(width) if self._penalised else None
+        counted = self._counted_so_far(width) if self._counted else None
+        parts = [ids for ids in (seen, counted) if ids is not None]
+        return np.unique(np.concatenate(parts)) if parts else np.empty(0, dtype=np.int64)
+
+    def best_of_candidates(
+        self,
+        *,
+        ids: np.ndarray,
+        raw: np.ndarray,
+        top_values: np.ndarray,
+        top_ids: np.ndarray,
+        nan: bool,
+        width: int,
+    ) -> int | None:
+        """:meth:`sample` for a greedy row with penalties, from what the device sent instead of the row.
+
+        ``ids`` are :meth:`penalised_ids`, ``raw`` their scores; ``top_values``/``top_ids`` the row's
+        highest scores (more than ``ids``: at least one is not penalised). The penalised row's argmax is
+        the better of the best penalised id (the penalty applied here as :meth:`_penalise` applies it,
+        float32 op for op) and the best other id, which is the highest listed id outside ``ids``; equal
+        scores go to the lower id, as ``np.argmax``. None when the list cannot tell (its last score ties
+        the best other one, or every listed id is penalised): the row must come whole.
+        """
+        if not self.greedy:
+            raise ValueError("only a greedy row is picked from its candidates")
+        if nan:
+            raise GenerationError("the model produced logits that are not finite numbers")
+        token, score = -1, np.float32(np.nan)
+        if len(ids):
+            values = self._penalised_values(ids, raw, width)
+            at = int(np.argmax(values))
+            token, score = int(ids[at]), values[at]
+        outside = ~np.isin(top_ids, ids)
+        complete = len(top_ids) >= width
+        if outside.any():
+            first = int(np.argmax(outside))
+            top = top_values[first]
+            if top == top_values[-1] and not complete:
+                return None
+            other = int(top_ids[outside & (top_values == top)].min())
+            if token < 0 or top > score or (top == score and other < token):
+                token, score = other, top
+        elif not complete:
+            return None
+        if token < 0 or not np.isfinite(score):
+            raise GenerationError("the model produced logits that are not finite numbers")
+        self._remember(token)
+        return token
+
+    def _penalised_values(self, ids: np.ndarray, raw: np.ndarray, width: int) -> np.ndarray:
+        """The scores at ``ids`` (sorted) after the penalties, as :meth:`_penalise` computes them in the row."""
+        values = np.array(raw, dtype=np.float32)
+        seen = self._seen_so_far(width) if self._penalised else None
+        if seen is not None:
+            at = np.searchsorted(ids, seen)
+            scores = values[at]
+            values[at] = np.where(scores < 0, scores * self._penalty, scores / self._penalty)
+        counted = self._counted_so_far(width) if self._counted else None
+        if counted is not None:
+            at = np.searchsorted(ids, counted)
+            scores = values[at]
+            if self._frequency:
+                scores -= self._frequency * self._counts[counted].astype(np.float32)
+            if self._presence:
+                scores -= self._presence
+            values[at] = scores
+        return values
 
     def sample(self, logits: np.ndarray) -> int:
         """One token id from a 1-D logits row; draws exactly one random number unless greedy."""

@@ -205,6 +205,7 @@ class BatchEngine:
         self._step_seconds = 0.0
         self._slice = 16
         self._masks: MaskPlanner | None = None
+        self._logits_width = 0
         self._sampling = SamplingPool(threads=sampling_threads)
         self._thread = threading.Thread(target=self._loop, name=f"lmsp-engine-{model.name}", daemon=True)
         self._thread.start()
@@ -387,14 +388,16 @@ class BatchEngine:
         if constrained:
             self._masks = self._masks or MaskPlanner()
             masks = self._masks.start(constrained)
-        on_device = [self.device_picks and row.generation.picks_on_device for row in rows]
+        # The logits' width is learned from the engine's first step, which comes to the host whole.
+        width = self._logits_width
+        gathers = self._device_gathers(rows, width) if self.device_picks and width else {}
+        full = [index for index in range(len(rows)) if index not in gathers]
+        step: StepLogits | None = None
         try:
-            if any(on_device):
-                full = [index for index, here in enumerate(on_device) if not here]
-                step = group.batch.feed_step(ids, full_rows=np.array(full, dtype=np.int64))
+            if gathers:
+                step = self._feed_with_picks(group.batch, ids, len(rows), gathers, full)
                 logits = step.rows
             else:
-                step, full = None, list(range(len(rows)))
                 logits = group.batch.feed(ids, want_logits=True)
         except GenerationError as exc:
             MaskPlanner.wait(masks)
@@ -404,6 +407,7 @@ class BatchEngine:
             self._readmit()
             return 0
         assert logits is not None
+        self._logits_width = logits.shape[-1]
         if masks is not None:
             self.observer.masks(rows=len(constrained), seconds=MaskPlanner.wait(masks))
         hosted = [rows[index] for index in full]
@@ -412,18 +416,68 @@ class BatchEngine:
             width=logits.shape[-1],
             sampled=[not row.generation.sampler.greedy for row in hosted],
         )
-        if step is None:
-            picks = sampled
-        else:
-            by_index = dict(zip(full, sampled, strict=True))
-            picks = [
-                _best_pick(row.generation, step, index) if here else by_index[index]
-                for index, (row, here) in enumerate(zip(rows, on_device, strict=True))
-            ]
+        picks = sampled if step is None else self._merged_picks(group.batch, rows, step, gathers, full, sampled)
         done = [row for row, pick in zip(rows, picks, strict=True) if not self._take(row, pick, now)]
         if done:
             self._leave(group, done, emitted=True)
         return len(rows)
+
+    @staticmethod
+    def _feed_with_picks(
+        batch: KVBatch, ids: np.ndarray, rows: int, gathers: dict[int, np.ndarray], full: list[int]
+    ) -> StepLogits:
+        """The step's call with the picks graph: each device row's highest scores, enough that one at
+        least is not penalised, and its penalised ids' scores; the ``full`` rows whole."""
+        k = max(len(penalised) for penalised in gathers.values()) + 1
+        gather = np.zeros((rows, k - 1), dtype=np.int64)
+        for index, penalised in gathers.items():
+            gather[index, : len(penalised)] = penalised
+        return batch.feed_step(ids, full_rows=np.array(full, dtype=np.int64), k=k, gather=gather)
+
+    @staticmethod
+    def _merged_picks(
+        batch: KVBatch,
+        rows: list[_Row],
+        step: StepLogits,
+        gathers: dict[int, np.ndarray],
+        full: list[int],
+        sampled: list[int | GenerationError],
+    ) -> list[int | GenerationError]:
+        """Every row's pick in order: the device rows' from their candidates, the others' from the pool."""
+        width = step.width
+        by_index: dict[int, int | GenerationError | None] = dict(zip(full, sampled, strict=True))
+        for index, penalised in gathers.items():
+            by_index[index] = _device_pick(rows[index].generation, step, index, penalised, width)
+        again = [index for index, pick in by_index.items() if pick is None]
+        if again:
+            # The candidates could not tell (a tie past the list): those rows come whole after all.
+            try:
+                whole = list(zip(again, batch.step_rows(np.array(again, dtype=np.int64)), strict=True))
+            except GenerationError as exc:
+                whole, by_index = [], {**by_index, **dict.fromkeys(again, exc)}
+            for index, row_logits in whole:
+                try:
+                    by_index[index] = rows[index].generation.pick(row_logits)
+                except GenerationError as exc:
+                    by_index[index] = exc
+        picks: list[int | GenerationError] = []
+        for index in range(len(rows)):
+            pick = by_index[index]
+            assert pick is not None
+            picks.append(pick)
+        return picks
+
+    @staticmethod
+    def _device_gathers(rows: list[_Row], width: int) -> dict[int, np.ndarray]:
+        """The rows a step picks on the device (greedy, unconstrained), each with its penalised ids."""
+        gathers = {}
+        for index, row in enumerate(rows):
+            if row.generation.picks_on_device:
+                try:
+                    gathers[index] = row.generation.sampler.penalised_ids(width)
+                except GenerationError:
+                    continue  # an id past the row: the host sampler says so, as it would alone
+        return gathers
 
     def _accept(self, row: _Row, logits: np.ndarray, now: float) -> bool:
         """Sample ``row``'s next token; False when the row is over (its last chunk is out)."""
@@ -608,10 +662,23 @@ class BatchEngine:
             row.stream.put(Chunk.failed(error))
 
 
-def _best_pick(generation: OnnxGeneration, step: StepLogits, index: int) -> int | GenerationError:
-    """The device's pick for a plain greedy row, or its error, as ``SamplingPool.run`` gives them."""
+def _device_pick(
+    generation: OnnxGeneration, step: StepLogits, index: int, penalised: np.ndarray, width: int
+) -> int | GenerationError | None:
+    """A greedy row's pick from what the device sent (None: the row must come whole), or its error, as
+    ``SamplingPool.run`` gives them."""
+    sampler = generation.sampler
     try:
-        return generation.take_best(int(step.best[index]), finite=bool(step.finite[index]))
+        if not len(penalised):
+            return sampler.best(int(step.best[index]), finite=bool(step.finite[index]))
+        return sampler.best_of_candidates(
+            ids=penalised,
+            raw=step.gathered[index, : len(penalised)],
+            top_values=step.top_values[index],
+            top_ids=step.top_ids[index],
+            nan=bool(step.nan[index]),
+            width=width,
+        )
     except GenerationError as exc:
         return exc
 

@@ -256,12 +256,8 @@ class OnnxGeneration:
 
     @property
     def picks_on_device(self) -> bool:
-        """Whether a decode step may pick this row on the device: greedy, no penalty, no output constraint."""
-        return self.constraint is None and self.sampler.plain_greedy
-
-    def take_best(self, token: int, *, finite: bool) -> int:
-        """:meth:`pick` for a :attr:`picks_on_device` row, from its row's first highest score's id."""
-        return self.sampler.best(token, finite=finite)
+        """Whether a decode step may pick this row on the device: greedy, no output constraint."""
+        return self.constraint is None and self.sampler.greedy
 
     def take(self, token: int) -> list[Step]:
         """Move on by ``token`` (from :meth:`pick`): the grammar, the ids, the text; the steps it makes."""

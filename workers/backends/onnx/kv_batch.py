@@ -148,6 +148,7 @@ class KVBatch:
         assert last_row is not None  # set as long as the session is
         self._last_row = last_row
         self._step_picks = model.step_picks
+        self._step_logits: ort.OrtValue | None = None
         self._where = model.where
         self._device = model.device_type
         self._device_id = model.device_id
@@ -200,17 +201,30 @@ class KVBatch:
             raise self._failed(ids, exc) from None
         return rows.astype(np.float32, copy=False)
 
-    def feed_step(self, ids: np.ndarray, *, full_rows: np.ndarray) -> StepLogits:
-        """A decode step (one id a row) whose logits stay on the device: every row's greedy pick, and
-        only the ``full_rows`` (indices) whole on the host (``step_picks``)."""
+    def feed_step(
+        self, ids: np.ndarray, *, full_rows: np.ndarray, k: int = 1, gather: np.ndarray | None = None
+    ) -> StepLogits:
+        """A decode step (one id a row) whose logits stay on the device (until the next call): every
+        row's greedy pick, its ``k`` highest scores and its scores at ``gather`` (rows x ids), and only
+        the ``full_rows`` (indices) whole on the host (``step_picks``)."""
         if self._step_picks is None:
             raise ValueError("this model's engine picks on the host: it has no step-picks graph")
         if self._check(ids) != 1:
             raise ValueError(f"a decode step feeds one id a row, not {ids.shape[1]}")
         try:
-            return self._step_picks.take(self._call(ids, logits_on=self._device), full_rows)
+            self._step_logits = self._call(ids, logits_on=self._device)
+            return self._step_picks.take(self._step_logits, full_rows, k=k, gather=gather)
         except Exception as exc:
             raise self._failed(ids, exc) from None
+
+    def step_rows(self, rows: np.ndarray) -> np.ndarray:
+        """The whole logits rows ``rows`` (indices) of the last :meth:`feed_step`, as float32 on the host."""
+        if self._step_picks is None or self._step_logits is None:
+            raise ValueError("no decode step's logits are kept on the device")
+        try:
+            return self._step_picks.take(self._step_logits, rows).rows
+        except Exception as exc:
+            raise self._failed(rows[:, None], exc) from None
 
     def _check(self, ids: np.ndarray) -> int:
         """The ids a row that ``ids`` feeds (rows x tokens), if this batch can take them."""
@@ -222,6 +236,7 @@ class KVBatch:
     def _call(self, ids: np.ndarray, *, logits_on: str) -> ort.OrtValue:
         """One session call: ``ids`` appended to every row's cache; the logits, left on ``logits_on``."""
         new = ids.shape[1]
+        self._step_logits = None
         graph, names, binding = self._graph, self._graph.names, self._binding
         mask = self._mask(new)
         binding.clear_binding_inputs()

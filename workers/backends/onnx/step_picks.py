@@ -31,14 +31,19 @@ from workers.backends.onnx.session import open_helper_session
 
 _LOGITS = "logits"
 _FULL = "full_rows"
+_K = "k"
+_GATHER = "gather"
+_OUTPUTS = ("best", "peak", "nan", "rows", "top_values", "top_ids", "gathered")
 # Opset 13 and IR 8, as the last-row graph: old enough for every onnxruntime this project pins.
 _OPSET = 13
 _IR_VERSION = 8
 
 
 def picks_graph(logits_type: str) -> bytes:
-    """The serialised graph: ``logits[R, S, V]`` and ``full_rows[N]`` -> ``best[R]`` (int64),
-    ``peak[R]`` (float32), ``nan[R]`` (bool) and ``rows[N, V]`` (float32): the last position's row."""
+    """The serialised graph over the last position's row of ``logits[R, S, V]``: ``best[R]`` (int64),
+    ``peak[R]`` (float32), ``nan[R]`` (bool); ``rows[N, V]`` (float32) for ``full_rows[N]``; the ``k[1]``
+    highest scores of each row, ``top_values[R, k]`` and ``top_ids[R, k]``; and ``gathered[R, M]``, each
+    row's scores at ``gather[R, M]`` (a penalised row's penalised ids)."""
     fp16 = logits_type == "tensor(float16)"
     element = TensorProto.FLOAT16 if fp16 else TensorProto.FLOAT
     last = "last16" if fp16 else "last"
@@ -53,6 +58,8 @@ def picks_graph(logits_type: str) -> bytes:
         helper.make_node("ReduceMax", ["nan_float"], ["nan_any"], axes=[1], keepdims=0),
         helper.make_node("Cast", ["nan_any"], ["nan"], to=TensorProto.BOOL),
         helper.make_node("Gather", ["last", _FULL], ["rows"], axis=0),
+        helper.make_node("TopK", ["last", _K], ["top_values", "top_ids"], axis=1, largest=1, sorted=1),
+        helper.make_node("GatherElements", ["last", _GATHER], ["gathered"], axis=1),
     ]
     graph = helper.make_graph(
         nodes,
@@ -60,12 +67,17 @@ def picks_graph(logits_type: str) -> bytes:
         [
             helper.make_tensor_value_info(_LOGITS, element, ["rows", "sequence", "vocabulary"]),
             helper.make_tensor_value_info(_FULL, TensorProto.INT64, ["full"]),
+            helper.make_tensor_value_info(_K, TensorProto.INT64, [1]),
+            helper.make_tensor_value_info(_GATHER, TensorProto.INT64, ["rows", "gathered"]),
         ],
         [
             helper.make_tensor_value_info("best", TensorProto.INT64, ["rows"]),
             helper.make_tensor_value_info("peak", TensorProto.FLOAT, ["rows"]),
             helper.make_tensor_value_info("nan", TensorProto.BOOL, ["rows"]),
             helper.make_tensor_value_info("rows", TensorProto.FLOAT, ["full", "vocabulary"]),
+            helper.make_tensor_value_info("top_values", TensorProto.FLOAT, ["rows", "k"]),
+            helper.make_tensor_value_info("top_ids", TensorProto.INT64, ["rows", "k"]),
+            helper.make_tensor_value_info("gathered", TensorProto.FLOAT, ["rows", "gathered"]),
         ],
         initializer=[helper.make_tensor("minus_one", TensorProto.INT64, [], [-1])],
     )
@@ -83,10 +95,21 @@ class StepLogits:
     """Each row's pick is a token: no NaN in the row, and a finite peak (bool)."""
     rows: np.ndarray
     """The full float32 rows asked for, in the order asked."""
+    top_values: np.ndarray
+    """Each row's k highest scores, falling (float32; the order among equal ones is the provider's)."""
+    top_ids: np.ndarray
+    """Their ids (int64)."""
+    gathered: np.ndarray
+    """Each row's scores at the ids asked for (float32)."""
+    nan: np.ndarray
+    """Each row holds a NaN (bool)."""
+    width: int
+    """The logits' width (the vocabulary)."""
 
     @property
     def host_bytes(self) -> int:
-        return self.best.nbytes + self.finite.nbytes + self.rows.nbytes + 4 * len(self.best)
+        arrays = (self.best, self.finite, self.rows, self.top_values, self.top_ids, self.gathered)
+        return sum(array.nbytes for array in arrays) + 4 * len(self.best)
 
 
 class StepPicks:
@@ -103,14 +126,30 @@ class StepPicks:
             gpu_mem_limit=gpu_mem_limit,
         )
 
-    def take(self, logits: ort.OrtValue, full_rows: np.ndarray) -> StepLogits:
-        """The picks of every row of ``logits`` (rows x positions x vocabulary), and the ``full_rows`` whole."""
+    def take(
+        self, logits: ort.OrtValue, full_rows: np.ndarray, *, k: int = 1, gather: np.ndarray | None = None
+    ) -> StepLogits:
+        """The picks of every row of ``logits`` (rows x positions x vocabulary), the ``full_rows`` whole,
+        each row's ``k`` highest scores and its scores at ``gather`` (rows x ids)."""
+        rows, width = int(logits.shape()[0]), int(logits.shape()[-1])
         # A binding per call: engines of several models may run at once.
         binding = self.session.io_binding()
         binding.bind_ortvalue_input(_LOGITS, logits)
         binding.bind_cpu_input(_FULL, np.ascontiguousarray(full_rows, dtype=np.int64))
-        for name in ("best", "peak", "nan", "rows"):
+        binding.bind_cpu_input(_K, np.array([min(max(1, k), width)], dtype=np.int64))
+        ids = np.zeros((rows, 0), dtype=np.int64) if gather is None else np.ascontiguousarray(gather, dtype=np.int64)
+        binding.bind_cpu_input(_GATHER, ids)
+        for name in _OUTPUTS:
             binding.bind_output(name, "cpu")
         self.session.run_with_iobinding(binding)
-        best, peak, nan, rows = (value.numpy() for value in binding.get_outputs())
-        return StepLogits(best=best, finite=~nan & np.isfinite(peak), rows=rows)
+        best, peak, nan, whole, top_values, top_ids, gathered = (value.numpy() for value in binding.get_outputs())
+        return StepLogits(
+            best=best,
+            finite=~nan & np.isfinite(peak),
+            rows=whole,
+            top_values=top_values,
+            top_ids=top_ids,
+            gathered=gathered,
+            nan=nan,
+            width=width,
+        )
