@@ -336,7 +336,9 @@ def assert_prefixed_logs(log: str) -> None:
 # Set before a start: each model call waits 2 ms (tasks_app.faults), so 3,000 tokens take at least
 # 6 s and a long task is still generating when the test stops the launcher (right after it saw it
 # running), however fast the machine.
-SLOW_DEVICE = {"LMSP_FAULT_MODEL_CALL_SECONDS": "0.002"}
+# 3,000 tokens at 5 ms a model call: the long task is still generating 15 s later, whatever else the
+# test does meanwhile (at 2 ms it could end during a busy machine's lmsp_recover subprocess).
+SLOW_DEVICE = {"LMSP_FAULT_MODEL_CALL_SECONDS": "0.005"}
 
 
 def start_long_task(launcher: Launcher, policy: str) -> str:

@@ -296,20 +296,28 @@ class Sampler:
         """The scores at ``ids`` (sorted) after the penalties, as :meth:`_penalise` computes them in the row."""
         values = np.array(raw, dtype=np.float32)
         seen = self._seen_so_far(width) if self._penalised else None
-        if seen is not None:
-            at = np.searchsorted(ids, seen)
-            scores = values[at]
-            values[at] = np.where(scores < 0, scores * self._penalty, scores / self._penalty)
         counted = self._counted_so_far(width) if self._counted else None
-        if counted is not None:
-            at = np.searchsorted(ids, counted)
-            scores = values[at]
+        seen_at = None if seen is None else np.searchsorted(ids, seen)
+        counted_at = None if counted is None else np.searchsorted(ids, counted)
+        self._apply_penalties(values, seen_at, counted, counted_at)
+        return values
+
+    def _apply_penalties(
+        self, values: np.ndarray, seen_at: np.ndarray | None, counted: np.ndarray | None, counted_at: np.ndarray | None
+    ) -> None:
+        """The penalties, in place: repetition at ``seen_at``, then frequency and presence at ``counted_at``
+        (where the ids ``counted`` are); float32, in this order, wherever ``values`` holds the scores."""
+        if seen_at is not None:
+            scores = values[seen_at]
+            values[seen_at] = np.where(scores < 0, scores * self._penalty, scores / self._penalty)
+        if counted is not None and counted_at is not None:
+            scores = values[counted_at]
+            # Two subtractions, frequency first, as vLLM rounds them; a zero term would change no bit.
             if self._frequency:
                 scores -= self._frequency * self._counts[counted].astype(np.float32)
             if self._presence:
                 scores -= self._presence
-            values[at] = scores
-        return values
+            values[counted_at] = scores
 
     def sample(self, logits: np.ndarray) -> int:
         """One token id from a 1-D logits row; draws exactly one random number unless greedy."""
@@ -340,17 +348,7 @@ class Sampler:
             return row
         penalised = _scratch(len(row)).penalised  # never write into the caller's (the session's) buffer
         np.copyto(penalised, row)
-        if seen is not None:
-            scores = penalised[seen]
-            penalised[seen] = np.where(scores < 0, scores * self._penalty, scores / self._penalty)
-        if counted is not None:
-            scores = penalised[counted]
-            # Two subtractions, frequency first, as vLLM rounds them; a zero term would change no bit.
-            if self._frequency:
-                scores -= self._frequency * self._counts[counted].astype(np.float32)
-            if self._presence:
-                scores -= self._presence
-            penalised[counted] = scores
+        self._apply_penalties(penalised, seen, counted, counted)
         return penalised
 
     def _seen_so_far(self, width: int) -> np.ndarray | None:
