@@ -1,7 +1,8 @@
 """The batch engine: up to ``max_batch`` generations of one model stepping together in one session.
 
 One model thread per engine runs every session call; task threads submit a
-generation and read its :class:`Chunk` s from a :class:`RowStream`. The
+generation and the worker's run loop reads its :class:`Chunk` s from a
+:class:`RowStream` (told by :meth:`RowStream.notify` when one is ready). The
 model thread never waits on the database, Redis or the network: it only
 computes, samples, and hands chunks over a queue.
 
