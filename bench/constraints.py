@@ -43,7 +43,7 @@ sys.path.insert(0, str(REPO))
 from fixture_models.demo import build_demo_model  # noqa: E402
 from tasks_app.response_formats import format_grammar  # noqa: E402
 from tasks_app.tool_calls import FORMATS, tools_grammar  # noqa: E402
-from workers.backends.base import SamplingParams  # noqa: E402
+from workers.backends.base import EngineObserver, SamplingParams  # noqa: E402
 from workers.backends.constraints import ConstraintTokenizer, OutputConstraint  # noqa: E402
 from workers.backends.onnx.engine import BatchEngine  # noqa: E402
 from workers.backends.onnx.model import OnnxModel  # noqa: E402
@@ -193,7 +193,7 @@ def masks_bench(cache: Path, *, steps: int, seed: int) -> dict[str, Any]:
 # --------------------------------------------------------------------------- #
 
 
-class StepObserver:
+class StepObserver(EngineObserver):
     def __init__(self) -> None:
         self.steps: list[tuple[int, float]] = []
         self.mask_times: list[float] = []

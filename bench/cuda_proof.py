@@ -49,7 +49,7 @@ import onnx  # noqa: E402
 import onnxruntime as ort  # noqa: E402
 
 from fixture_models.demo import build_demo_model  # noqa: E402
-from workers.backends.base import SamplingParams, Step  # noqa: E402
+from workers.backends.base import EngineObserver, SamplingParams, Step  # noqa: E402
 from workers.backends.errors import ModelLoadError  # noqa: E402
 from workers.backends.onnx.cuda_libs import build_cuda_major, preload_cuda_libraries  # noqa: E402
 from workers.backends.onnx.graph import GraphSpec, quantizes_per_call  # noqa: E402
@@ -798,7 +798,7 @@ def missing_libraries_section(args: argparse.Namespace, report: Report, graphs: 
             report.info(f"{mode}: the system loader's path has the libraries, so CUDA ran", result["auto_provider"])
 
 
-class _StepTimes:
+class _StepTimes(EngineObserver):
     """An engine observer (``EngineObserver``) that keeps the decode step times and the widest batch."""
 
     def __init__(self) -> None:

@@ -396,6 +396,10 @@ LMSP_KV_CACHE_BYTES = _env_int_at_least("LMSP_KV_CACHE_BYTES", 0, 0, " (0: autom
 LMSP_KV_CACHE_SHARE = _env_float("LMSP_KV_CACHE_SHARE", 0.5)
 if not 0 < LMSP_KV_CACHE_SHARE <= 1:
     raise ImproperlyConfigured(f"LMSP_KV_CACHE_SHARE must be in (0, 1], got {LMSP_KV_CACHE_SHARE}")
+# Keep the KV of prompts (and answers) in what the KV budget leaves free, so a later request that starts
+# with the same tokens skips their model calls (docs/workers.md, "The prefix cache"); a hit changes no
+# token. Off: every prompt is prefilled whole.
+LMSP_PREFIX_CACHE = _env_bool("LMSP_PREFIX_CACHE", True)
 # Threads that sample one decode step's rows side by side (docs/workers.md):
 # at a real vocabulary (150k logits) a sampled row costs ~0.3 ms of NumPy work
 # that runs without the GIL. 0: automatic, half the cores, at least 2 and at most 8.

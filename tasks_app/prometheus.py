@@ -158,6 +158,18 @@ ENGINE_MASK_SECONDS = HistogramSpec(
     "Wall time of one decode step's grammar masks (all its constrained rows), computed beside the model run.",
     (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25),
 )
+# The prefix cache: a lookup per joining row (count: lookups; the 0 bucket: misses; sum: tokens whose model
+# calls were skipped), and an observation per evicted entry (count: evictions; sum: bytes freed).
+ENGINE_PREFIX_HIT_TOKENS = HistogramSpec(
+    "lmsp_engine_prefix_hit_tokens",
+    "Prompt tokens a joining row found in the prefix cache (0: a miss); the sum is every token it saved a call.",
+    (0, 16, 64, 256, 1024, 2048, 4096, 8192, 16384, 32768),
+)
+ENGINE_PREFIX_EVICTED_BYTES = HistogramSpec(
+    "lmsp_engine_prefix_evicted_bytes",
+    "Bytes of one prefix cache entry evicted for a row's room; the count is the evictions.",
+    (2**16, 2**20, 2**22, 2**24, 2**26, 2**28, 2**30, 2**32),
+)
 ENGINE_HISTOGRAMS: tuple[HistogramSpec, ...] = (
     ENGINE_BATCH_ROWS,
     ENGINE_STEP_SECONDS,
@@ -166,6 +178,8 @@ ENGINE_HISTOGRAMS: tuple[HistogramSpec, ...] = (
     ENGINE_QUEUE_WAIT,
     ENGINE_CONSTRAINED_ROWS,
     ENGINE_MASK_SECONDS,
+    ENGINE_PREFIX_HIT_TOKENS,
+    ENGINE_PREFIX_EVICTED_BYTES,
 )
 
 
@@ -190,6 +204,9 @@ ENGINE_TOKENS_RATE = GaugeSpec(
     "lmsp_engine_tokens_per_second",
     "Tokens the decode steps generated per second over the latest report interval (at least a second).",
 )
+ENGINE_PREFIX_BYTES = GaugeSpec(
+    "lmsp_engine_prefix_cache_bytes", "KV cache bytes the prefix cache holds now (within the KV budget)."
+)
 ENGINE_GAUGES: tuple[GaugeSpec, ...] = (
     ENGINE_MAX_BATCH,
     ENGINE_ROWS_RUNNING,
@@ -197,6 +214,7 @@ ENGINE_GAUGES: tuple[GaugeSpec, ...] = (
     ENGINE_KV_BYTES,
     ENGINE_KV_BUDGET,
     ENGINE_TOKENS_RATE,
+    ENGINE_PREFIX_BYTES,
 )
 
 

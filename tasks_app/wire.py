@@ -71,15 +71,17 @@ def response_object(response: Response, live: Live | None = None) -> dict[str, A
     }
 
 
-def usage_object(input_tokens: int, output_tokens: int) -> dict[str, Any]:
+def usage_object(input_tokens: int, output_tokens: int, *, cached_tokens: int = 0) -> dict[str, Any]:
     """The response's ``usage``: tokens in, out, and both, with the details OpenAI's ``ResponseUsage`` requires.
 
-    Nothing is cached or reasoned apart yet, so the details say 0 (the SDKs'
-    types reject a usage without them).
+    ``cached_tokens``: input tokens the worker's prefix cache held (their
+    model calls skipped). Nothing is reasoned apart, and the cache writes
+    cost nothing extra, so those details say 0 (the SDKs' types reject a
+    usage without them).
     """
     return {
         "input_tokens": input_tokens,
-        "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+        "input_tokens_details": {"cached_tokens": cached_tokens, "cache_write_tokens": 0},
         "output_tokens": output_tokens,
         "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": input_tokens + output_tokens,

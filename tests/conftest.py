@@ -20,6 +20,7 @@ from tests.support.built import built_once
 from tests.support.db import database_url
 from tests.support.demo import ENDLESS_TAG
 from tests.support.lab import lab  # noqa: F401 (a fixture: the recovery and batched-worker tests share it)
+from tests.support.layouts import loaded  # noqa: F401 (a fixture: the engine and prefix cache tests share it)
 from tests.support.namespace import (
     IDLE_QUEUE,
     NAMESPACE_ENV,

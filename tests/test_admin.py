@@ -31,6 +31,7 @@ from tasks_app.output_items import OutputItems
 from tasks_app.services.idempotency import idempotency_claim
 from tasks_app.services.model_scan import model_scan
 from tasks_app.states import TaskStatus
+from tasks_app.wire import usage_object
 from tests.test_query_plans import assert_read_through, statements, tasks_selects
 
 S = TaskStatus
@@ -327,6 +328,18 @@ def test_a_finished_task_page_shows_its_response_text_and_no_live_stream(admin_c
     assert 'id="lmsp-cancel"' not in page
     assert "response.completed" in page
     assert "none (only a running resumable task keeps one)" in page
+
+
+def test_a_task_page_says_how_many_prompt_tokens_came_from_the_prefix_cache(admin_client, new_task):
+    queued = new_task(S.QUEUED)
+    assert "- (counted when the generation starts)" in page_text(admin_client.get(task_url(queued.id)))
+    task = new_task(S.RUNNING)
+    usage = usage_object(120, 3, cached_tokens=100)
+    assert lifecycle.task_succeed(
+        task_id=task.id, worker=WORKER, item_id=ITEM_ID, text="Hello world", usage=usage, output_tokens=3
+    ).won
+    page = page_text(admin_client.get(task_url(task.id)))
+    assert re.search(r"Prompt tokens:</label>\s*<div[^>]*>120 \(100 from the prefix cache\)</div>", page)
 
 
 def test_a_failed_task_page_shows_the_problem(admin_client, new_task):

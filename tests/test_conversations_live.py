@@ -11,6 +11,7 @@ field the way the ``openai`` package reads it.
 from __future__ import annotations
 
 import json
+import uuid
 from typing import Any
 
 import openai
@@ -122,6 +123,47 @@ def test_a_background_response_is_continued_in_the_foreground_and_by_a_task(api,
     assert foreground.usage.input_tokens > started.usage.input_tokens + FEW // 2
     expected = [("user", "Start"), ("assistant", started.output_text)]
     assert turns(context_of(foreground.id)) == turns(context_of(by_task["response_id"])) == expected
+
+
+def test_a_continued_conversation_starts_from_the_prefix_cache_and_its_usage_says_how_much(
+    api, web_server, running_worker
+):
+    """The next turn, chained or echoed (openai-agents without ``previous_response_id``) or as a chat
+    completion, skips what the worker computed for the turn before: its usage says how many tokens, and
+    the same prompt gives the same text from the cache."""
+    sdk = sdk_for(web_server.base, api.token)
+    # A beginning of its own: no other test's prompt starts like it.
+    instructions = f"{INSTRUCTIONS} This is conversation {uuid.uuid4().hex}."
+    asked = {"model": ENDLESS_MODEL, "instructions": instructions, "max_output_tokens": FEW, "temperature": 0}
+    one = sdk.responses.create(input="First question", **asked)
+    chained = sdk.responses.create(input="Second question", previous_response_id=one.id, **asked)
+    history = [
+        {"role": "user", "content": "First question"},
+        {"role": "assistant", "content": one.output_text},
+        {"role": "user", "content": "Second question"},
+    ]
+    echoed = sdk.responses.create(input=history, **asked)
+    chat = sdk.chat.completions.create(
+        model=ENDLESS_MODEL,
+        messages=[{"role": "system", "content": instructions}, *history],
+        max_tokens=FEW,
+        temperature=0,
+    )
+
+    first, second = one.usage, chained.usage
+    # Only the chat template's first few tokens were seen before this conversation.
+    assert first.input_tokens_details.cached_tokens < first.input_tokens // 2
+    # All of the first turn's prompt (and of its answer, as far as the next prompt spells it the same).
+    assert second.input_tokens_details.cached_tokens >= first.input_tokens
+    assert second.input_tokens > second.input_tokens_details.cached_tokens
+    # The same prompt again: all but its last token (whose logits are the first sample) came from the cache.
+    assert echoed.usage.input_tokens == chat.usage.prompt_tokens == second.input_tokens
+    assert echoed.usage.input_tokens_details.cached_tokens == second.input_tokens - 1
+    assert chat.usage.prompt_tokens_details.cached_tokens == second.input_tokens - 1
+    assert echoed.output_text == chat.choices[0].message.content == chained.output_text
+    # What the worker stored says the same.
+    stored = Response.objects.get(pk=echoed.id).usage
+    assert stored["input_tokens_details"]["cached_tokens"] == second.input_tokens - 1
 
 
 def test_deleting_a_response_leaves_the_ones_that_continued_it_readable_and_continuable(

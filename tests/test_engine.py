@@ -23,9 +23,10 @@ import pytest
 
 from fixture_models.demo import build_demo_model
 from tasks_app.response_formats import format_grammar
+from tests.support.layouts import CHUNK
 from tests.support.quantized import expected_case
 from tests.test_backend_layouts import MODELS, REFERENCES, case_of
-from workers.backends.base import FINISH_CANCELLED, Chunk, SamplingParams
+from workers.backends.base import FINISH_CANCELLED, Chunk, EngineObserver, SamplingParams
 from workers.backends.errors import GenerationError
 from workers.backends.onnx import OnnxRuntimeBackend
 from workers.backends.onnx.engine import BatchEngine
@@ -34,7 +35,6 @@ from workers.backends.onnx.model import OnnxModel
 # No database here: the PostgreSQL pass of scripts/test leaves these out (tests/conftest.py).
 pytestmark = pytest.mark.database_free
 
-CHUNK = 8
 LAYOUTS = sorted(REFERENCES)
 
 
@@ -43,7 +43,7 @@ def never() -> bool:
 
 
 @dataclass
-class Observer:
+class Observer(EngineObserver):
     """Records what the engine reports (the EngineObserver interface)."""
 
     steps: list[int] = field(default_factory=list)
@@ -72,22 +72,6 @@ class Observer:
 
     def close(self) -> None:
         self.closed = True
-
-
-@pytest.fixture(scope="module")
-def loaded() -> Iterator[Callable[[str], OnnxModel]]:
-    models: dict[str, OnnxModel] = {}
-
-    def get(key: str) -> OnnxModel:
-        if key not in models:
-            reference = REFERENCES[key]
-            backend = OnnxRuntimeBackend(prefill_chunk=CHUNK)
-            models[key] = backend.load(MODELS / reference["folder"], graph=reference["graph"], device="cpu")
-        return models[key]
-
-    yield get
-    for model in models.values():
-        model.close()
 
 
 def fresh_engine(model: OnnxModel, *, max_batch: int = 3, budget: int = 0, **kwargs: Any) -> BatchEngine:

@@ -456,6 +456,7 @@ ENGINE_GAUGE_NAMES = (
     "lmsp_engine_kv_cache_bytes",
     "lmsp_engine_kv_cache_budget_bytes",
     "lmsp_engine_tokens_per_second",
+    "lmsp_engine_prefix_cache_bytes",
 )
 
 
@@ -490,6 +491,10 @@ def test_engine_observations_reach_metrics_by_node_and_model_and_closed_engines_
     a.rows(running=3, waiting=2)
     b.rows(running=5, waiting=0)
     c.rows(running=1, waiting=0)
+    a.prefix_hit(tokens=0)
+    a.prefix_hit(tokens=1500)
+    a.prefix_cache(cached_bytes=4096, evicted=[1024, 2048])
+    b.prefix_cache(cached_bytes=1000, evicted=[])
     # The rate gauge covers at least a flush interval.
     time.sleep(FLUSH_INTERVAL_SECONDS + 0.1)
 
@@ -521,6 +526,12 @@ def test_engine_observations_reach_metrics_by_node_and_model_and_closed_engines_
     assert value(samples, f"{masks}_bucket", worker=node, model=base_model, le="0.0005") == 1
     assert value(samples, f"{masks}_sum", worker=node, model=base_model) == pytest.approx(0.0023)
     assert value(samples, f"{masks}_count", worker=node, model=demo) == 0
+    hits, evicted = "lmsp_engine_prefix_hit_tokens", "lmsp_engine_prefix_evicted_bytes"
+    assert value(samples, f"{hits}_count", worker=node, model=base_model) == 2  # lookups
+    assert value(samples, f"{hits}_bucket", worker=node, model=base_model, le="0.0") == 1  # misses
+    assert value(samples, f"{hits}_sum", worker=node, model=base_model) == 1500  # tokens not computed again
+    assert value(samples, f"{evicted}_count", worker=node, model=base_model) == 2
+    assert value(samples, f"{evicted}_sum", worker=node, model=base_model) == 3072
     assert_histograms_consistent(samples)
     # Gauges: each process's own, added up per node.
     gauges = engine_gauges(samples, node, base_model)
@@ -531,6 +542,7 @@ def test_engine_observations_reach_metrics_by_node_and_model_and_closed_engines_
         "lmsp_engine_rows_waiting": 2,
         "lmsp_engine_kv_cache_bytes": 1500,
         "lmsp_engine_kv_cache_budget_bytes": 20_000,
+        "lmsp_engine_prefix_cache_bytes": 5096,
     }
     # 11 tokens over at least a second.
     assert 0 < speed <= 11
@@ -546,6 +558,7 @@ def test_engine_observations_reach_metrics_by_node_and_model_and_closed_engines_
     assert after_one["lmsp_engine_rows_running"] == 5
     assert after_one["lmsp_engine_max_batch"] == 8
     assert after_one["lmsp_engine_kv_cache_bytes"] == 500
+    assert after_one["lmsp_engine_prefix_cache_bytes"] == 1000
 
     b.close()
     c.close()

@@ -62,6 +62,7 @@ def engine_for(model: LoadedModel, *, worker: str, model_name: str) -> Engine:
         delta_seconds=settings.LMSP_DELTA_BATCH_MS / 1000,
         sampling_threads=settings.LMSP_SAMPLING_THREADS or automatic_sampling_threads(),
         prefill_share=settings.LMSP_PREFILL_SHARE,
+        prefix_cache=settings.LMSP_PREFIX_CACHE,
         observer=lambda: EngineMetrics(worker=worker, model=model_name, max_batch=max_rows()),
     )
     with _lock:

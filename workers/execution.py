@@ -97,7 +97,9 @@ ROOM_POLL_SECONDS = 0.5
 
 
 def _usage(generation: Generation | None) -> dict[str, Any] | None:
-    return None if generation is None else usage_object(generation.prompt_tokens, generation.output_tokens)
+    if generation is None:
+        return None
+    return usage_object(generation.prompt_tokens, generation.output_tokens, cached_tokens=generation.cached_tokens)
 
 
 def runtime_problem(exc: BaseException) -> dict[str, Any]:

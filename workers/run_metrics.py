@@ -33,7 +33,7 @@ import math
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import ParamSpec
 
@@ -58,6 +58,9 @@ from tasks_app.prometheus import (
     ENGINE_MAX_BATCH,
     ENGINE_PREFILL_SECONDS,
     ENGINE_PREFILL_TOKENS,
+    ENGINE_PREFIX_BYTES,
+    ENGINE_PREFIX_EVICTED_BYTES,
+    ENGINE_PREFIX_HIT_TOKENS,
     ENGINE_QUEUE_WAIT,
     ENGINE_ROWS_RUNNING,
     ENGINE_ROWS_WAITING,
@@ -365,7 +368,7 @@ class EngineMetrics:
         self.worker, self.model, self.node = worker, model, node_name(worker)
         self._lock = threading.Lock()
         self._max_batch = max_batch
-        self._running = self._waiting = self._kv_in_use = self._kv_budget = 0
+        self._running = self._waiting = self._kv_in_use = self._kv_budget = self._prefix_bytes = 0
         self._closed = False
         # Tokens the decode steps generated since _window_start (monotonic), for the rate gauge.
         self._window_tokens = 0
@@ -413,6 +416,20 @@ class EngineMetrics:
                 self._kv_in_use, self._kv_budget = in_use, budget
 
     @_never_raises
+    def prefix_hit(self, *, tokens: int) -> None:
+        """A joining row's prefix cache lookup: the prompt tokens it found cached (0: a miss)."""
+        self._observe((ENGINE_PREFIX_HIT_TOKENS, tokens))
+
+    @_never_raises
+    def prefix_cache(self, *, cached_bytes: int, evicted: Sequence[int]) -> None:
+        """The prefix cache's bytes now, and the sizes of the entries it just evicted."""
+        with self._lock:
+            if not self._closed:
+                self._prefix_bytes = cached_bytes
+        if evicted:
+            self._observe(*((ENGINE_PREFIX_EVICTED_BYTES, size) for size in evicted))
+
+    @_never_raises
     def rows(self, *, running: int, waiting: int) -> None:
         """Rows in the batch now, and rows waiting to join it."""
         with self._lock:
@@ -425,6 +442,7 @@ class EngineMetrics:
         with self._lock:
             self._closed = True
             self._max_batch = self._running = self._waiting = self._kv_in_use = self._kv_budget = 0
+            self._prefix_bytes = 0
             self._window_tokens, self._rate = 0, 0.0
         if self._recorder is not None:
             self._recorder.flush_soon()
@@ -449,6 +467,7 @@ class EngineMetrics:
                 (ENGINE_KV_BYTES, self._kv_in_use),
                 (ENGINE_KV_BUDGET, self._kv_budget),
                 (ENGINE_TOKENS_RATE, self._rate),
+                (ENGINE_PREFIX_BYTES, self._prefix_bytes),
             )
             closed = self._closed
         return {series_name(spec, model): float(value) for spec, value in values}, closed

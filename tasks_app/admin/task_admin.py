@@ -113,6 +113,7 @@ class TaskAdmin(BoundedCountAdmin, ReadOnlyAdmin):
                     "response_link",
                     "on_restart",
                     "attempts",
+                    "prompt_tokens",
                     "output_tokens",
                     "last_sequence",
                     "created_at",
@@ -170,6 +171,15 @@ class TaskAdmin(BoundedCountAdmin, ReadOnlyAdmin):
         return admin_link(task.response)
 
     request_json = json_column("response.request", "request")
+
+    @admin.display(description="prompt tokens")
+    def prompt_tokens(self, task: Task) -> str:
+        """The prompt's tokens and how many its worker's prefix cache held (their model calls skipped)."""
+        usage = task.response.usage
+        if not usage:
+            return "- (counted when the generation starts)"
+        cached = (usage.get("input_tokens_details") or {}).get("cached_tokens", 0)
+        return f"{usage['input_tokens']} ({cached} from the prefix cache)"
 
     @admin.display(description="output constraint")
     def output_constraint(self, task: Task) -> str:

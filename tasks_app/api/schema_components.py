@@ -73,8 +73,10 @@ class ProblemSchema(serializers.Serializer):
 
 @extend_schema_serializer(component_name="InputTokensDetails")
 class InputTokensDetailsSchema(serializers.Serializer):
-    cached_tokens = serializers.IntegerField(min_value=0, help_text="0: no prompt cache yet.")
-    cache_write_tokens = serializers.IntegerField(min_value=0, help_text="0: no prompt cache yet.")
+    cached_tokens = serializers.IntegerField(
+        min_value=0, help_text="Input tokens the worker's prefix cache held: their model calls were skipped."
+    )
+    cache_write_tokens = serializers.IntegerField(min_value=0, help_text="Always 0: storing a prefix costs nothing.")
 
 
 @extend_schema_serializer(component_name="OutputTokensDetails")
@@ -360,7 +362,9 @@ class ChatCompletionChoiceSchema(serializers.Serializer):
 
 @extend_schema_serializer(component_name="PromptTokensDetails")
 class PromptTokensDetailsSchema(serializers.Serializer):
-    cached_tokens = serializers.IntegerField(min_value=0, help_text="0: no prompt cache yet.")
+    cached_tokens = serializers.IntegerField(
+        min_value=0, help_text="Prompt tokens the worker's prefix cache held: their model calls were skipped."
+    )
 
 
 @extend_schema_serializer(component_name="CompletionTokensDetails")

@@ -195,6 +195,12 @@ class EngineObserver:
     def kv(self, *, in_use: int, budget: int) -> None:
         """KV cache bytes the admitted rows can reach, and the budget."""
 
+    def prefix_hit(self, *, tokens: int) -> None:
+        """A joining row looked its first feed up in the prefix cache: ``tokens`` of it were cached (0: a miss)."""
+
+    def prefix_cache(self, *, cached_bytes: int, evicted: Sequence[int]) -> None:
+        """The prefix cache holds ``cached_bytes`` now; ``evicted``: the sizes of the entries it just evicted."""
+
     def rows(self, *, running: int, waiting: int) -> None:
         """Rows admitted now, and rows waiting for room."""
 
@@ -211,6 +217,8 @@ class Generation(Protocol):
     generated_ids: list[int]
     """Sampled so far; only ever appended to (a reader on another thread slices it safely)."""
     prompt_tokens: int
+    cached_tokens: int
+    """Prompt tokens whose cache came from the prefix cache instead of a model call (0: none)."""
     output_tokens: int
     """Tokens sampled so far (an end-of-sequence token counts)."""
     finish_reason: str | None
@@ -285,13 +293,15 @@ class LoadedModel(Protocol):
         sampling_threads: int = 1,
         prefill_share: float = 3.0,
         device_picks: bool | None = None,
+        prefix_cache: bool = True,
     ) -> Engine:
         """This model's engine (created on first use with these settings; one per process).
 
         ``kv_budget_bytes`` 0 means ``kv_share`` of the device's free memory (of the host's, on CPU);
         ``observer`` makes the engine's observer, once; ``sampling_threads`` sample a step's rows;
         ``prefill_share`` sizes a prefill slice beside decoding rows, as a share of a decode step;
-        ``device_picks`` picks plain greedy rows where the logits lie (None: on CUDA only)."""
+        ``device_picks`` picks plain greedy rows where the logits lie (None: on CUDA only);
+        ``prefix_cache`` keeps prompts' KV for later rows that start alike (within the KV budget)."""
         ...
 
     def close(self) -> None: ...

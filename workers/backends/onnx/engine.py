@@ -54,6 +54,7 @@ from workers.backends.constraints import MaskPlanner
 from workers.backends.errors import GenerationError
 from workers.backends.onnx.kv_batch import CacheOps, KVBatch
 from workers.backends.onnx.kv_decoder import prompt_calls
+from workers.backends.onnx.prefix_cache import PrefixCache
 from workers.backends.onnx.session import cuda_free_bytes
 from workers.backends.onnx.step_picks import StepLogits
 from workers.backends.sampling import SamplingPool
@@ -162,6 +163,11 @@ class _Row:
     first_at: float = 0.0
     last_at: float = 0.0
     emitted: bool = False
+    first_feed: list[int] | None = None
+    """The first feed's ids, from the start of its prefill until they are offered to the prefix cache."""
+    shared: bool = False
+    """Whether the row ever shared a decode call: on a graph that pads rows apart, its cache then
+    differs from its alone's in the last bits, and is not offered to the prefix cache."""
 
 
 class BatchEngine:
@@ -179,6 +185,7 @@ class BatchEngine:
         sampling_threads: int = 1,
         prefill_share: float = DEFAULT_PREFILL_SHARE,
         device_picks: bool = False,
+        prefix_cache: bool = True,
     ) -> None:
         self.model = model
         # Greedy rows picked where the logits lie, only the others' rows copied (step_picks.py).
@@ -195,6 +202,17 @@ class BatchEngine:
         self.exact_splits = model.quantizes_per_call or model.graph.float16
         self.ops = CacheOps(model)
         self.bytes_per_position = model.kv_bytes_per_position
+        # Prompts' (and answers') caches for later rows that start with the same ids (prefix_cache.py):
+        # under the KV budget, so only with one; never on a graph that quantizes per call.
+        self.prefix_cache = (
+            PrefixCache(
+                ops=self.ops,
+                bytes_per_position=self.bytes_per_position,
+                block=model.prefill_chunk if self.exact_splits else 1,
+            )
+            if prefix_cache and kv_budget_bytes and not model.quantizes_per_call
+            else None
+        )
         self._lock = threading.Condition()
         self._waiting: deque[_Row] = deque()
         self._joining: deque[_Row] = deque()
@@ -284,6 +302,7 @@ class BatchEngine:
             "cache_bytes": sum(group.batch.device_bytes() for group in groups),
             "cache_on_device": all(group.batch.on_device() for group in groups) if groups else None,
             "cache_width": max((group.batch.width for group in groups), default=0),
+            "prefix_cache_bytes": self.prefix_cache.bytes if self.prefix_cache is not None else 0,
         }
 
     # -- the model thread -----------------------------------------------------
@@ -307,6 +326,8 @@ class BatchEngine:
         finally:
             if self._masks is not None:
                 self._masks.close()
+            if self.prefix_cache is not None:
+                self.prefix_cache.clear()
             self._sampling.close()
             self.observer.close()
 
@@ -342,8 +363,12 @@ class BatchEngine:
         active = [*self._decoding, *self._joining]
         while self._waiting and len(active) < self.max_batch:
             row = self._waiting[0]
-            if self.kv_budget and active and self._reserved([*active, row]) > self.kv_budget:
-                break
+            if self.kv_budget:
+                need = self._reserved([*active, row])
+                if active and need > self.kv_budget:
+                    break
+                # The cached prefixes give way to a row: least recently used first, as much as it needs.
+                self._evict(self.kv_budget - need)
             self._waiting.popleft()
             row.calls.extend(row.generation.feeds())
             self._joining.append(row)
@@ -538,6 +563,7 @@ class BatchEngine:
         if not emitted:
             for row in rows:
                 self._emit(row, final=True)
+        self._remember_answers(group, rows)
         kept = [i for i, row in enumerate(group.rows) if id(row) not in gone]
         if kept:
             try:
@@ -569,7 +595,7 @@ class BatchEngine:
             self._readmit()
             return
         if row.batch is None:
-            row.batch = KVBatch(self.model, ops=self.ops)
+            row.batch = self._start_batch(row)
         feed = row.calls[0]
         size = self._call_size(len(feed))
         ids, rest = feed[:size], feed[size:]
@@ -587,6 +613,9 @@ class BatchEngine:
             row.calls[0] = rest
         else:
             row.calls.popleft()
+            if row.first_feed is not None:
+                self._remember(row.first_feed, row.batch, index=0)
+                row.first_feed = None
         if not last:
             self._resize_slice(len(ids), time.perf_counter() - started)
             return
@@ -597,6 +626,70 @@ class BatchEngine:
             self._readmit()
             return
         self._join(row)
+
+    # -- the prefix cache -----------------------------------------------------
+
+    def _start_batch(self, row: _Row) -> KVBatch:
+        """A joining row's cache: empty, or the longest cached prefix of its first feed (the rest to feed)."""
+        batch = KVBatch(self.model, ops=self.ops)
+        cache = self.prefix_cache
+        if cache is None:
+            return batch
+        feed = row.calls[0]
+        row.first_feed = list(feed)
+        hit = cache.lookup(feed)
+        self.observer.prefix_hit(tokens=hit.tokens if hit is not None else 0)
+        if hit is not None:
+            batch.start_from(hit.past, hit.tokens)
+            row.calls[0] = feed[hit.tokens :]
+            generation = row.generation
+            generation.cached_tokens = min(hit.tokens, generation.prompt_tokens)
+        return batch
+
+    def _remember(self, ids: list[int], batch: KVBatch, *, index: int) -> None:
+        """Offer row ``index`` of ``batch`` (whose cache holds exactly ``ids``) to the prefix cache, in the
+        room the running rows leave it."""
+        cache = self.prefix_cache
+        assert cache is not None
+        if int(batch.lengths[index]) != len(ids) or cache.covers(ids):
+            return
+        room = self.kv_budget - self._reserved([*self._decoding, *self._joining])
+        if room < len(ids) * self.bytes_per_position:
+            return
+        try:
+            past = batch.row_cache(index)
+        except GenerationError:
+            log.warning("the prefix cache of %s skipped a row it could not copy", self.model.name, exc_info=True)
+            return
+        cache.store(ids, past, room=room)
+        self._cache_changed()
+
+    def _remember_answers(self, group: _Group, rows: list[_Row]) -> None:
+        """Rows leaving: offer each one's prompt and answer (what its cache holds) to the prefix cache.
+
+        Only where that cache is the one the same ids fed alone would give: a graph whose numbers do
+        not depend on the split (the answer was fed one id a call), and rows that never shared a call
+        unless the graph keeps rows exact in a batch (GroupQueryAttention, right-aligned).
+        """
+        if self.prefix_cache is None or self.exact_splits:
+            return
+        for row in rows:
+            if row.shared and not self.model.group_query_attention:
+                continue
+            index = next(i for i, member in enumerate(group.rows) if member is row)
+            generation = row.generation
+            fed = int(group.batch.lengths[index])
+            self._remember([*generation.prompt_ids, *generation.generated_ids][:fed], group.batch, index=index)
+
+    def _evict(self, room: int) -> None:
+        if self.prefix_cache is not None and self.prefix_cache.bytes > room:
+            self.prefix_cache.evict(room)
+            self._cache_changed()
+
+    def _cache_changed(self) -> None:
+        cache = self.prefix_cache
+        assert cache is not None
+        self.observer.prefix_cache(cached_bytes=cache.bytes, evicted=cache.take_evicted())
 
     def _call_size(self, remaining: int) -> int:
         """How many ids of a feed the next call takes."""
@@ -641,6 +734,8 @@ class BatchEngine:
             row.stream.put(Chunk.failed(exc))
             return
         best.rows.append(row)
+        for member in best.rows:
+            member.shared = True
 
     # -- ends -----------------------------------------------------------------
 

@@ -83,6 +83,8 @@ class OnnxGeneration:
             else None
         )
         self.prompt_tokens = len(prompt_ids)
+        # Set by the batch engine when the prefix cache held the prompt's start (usage's cached_tokens).
+        self.cached_tokens = 0
         room = model.context_length - len(prompt_ids)
         self.max_output_tokens = room if params.max_output_tokens is None else min(params.max_output_tokens, room)
         self.finish_reason: str | None = None

@@ -169,6 +169,32 @@ class KVBatch:
     def rows(self) -> int:
         return len(self.lengths)
 
+    def start_from(self, past: list[ort.OrtValue], length: int) -> None:
+        """Begin this (still empty, one-row) batch with the cache of a row's first ``length`` ids (a prefix
+        cache hit: ``[1, heads, length, head_dim]`` per tensor, no padding)."""
+        if self.width or self.rows != 1:
+            raise ValueError("only an empty batch of one row starts from a cached prefix")
+        self.past = list(past)
+        self.lengths = np.array([length], dtype=np.int64)
+        self._valid = np.ones((1, length), dtype=bool)
+
+    def row_cache(self, index: int) -> list[ort.OrtValue]:
+        """Row ``index``'s cache alone and without padding (``[1, heads, length, head_dim]``): the batch's
+        own tensors for a lone unpadded row, else a copy made on the device."""
+        length = int(self.lengths[index])
+        if self.rows == 1 and self.width == length:
+            return list(self.past)
+        ops = self._require_ops()
+        try:
+            past = self.past if self.rows == 1 else ops.take(self.past, np.array([index], dtype=np.int64), axis=0)
+            if self._right_aligned:
+                positions = np.arange(length, dtype=np.int64)
+            else:
+                positions = np.flatnonzero(self._valid[index]).astype(np.int64)
+            return ops.take(past, positions, axis=2)
+        except Exception as exc:
+            raise GenerationError(f"copying a cache row failed for {self._where}: {one_line(exc)}") from None
+
     @property
     def width(self) -> int:
         """Positions per row in the cache tensors (the longest row, plus any padding)."""

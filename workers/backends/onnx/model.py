@@ -273,6 +273,7 @@ class OnnxModel:
         sampling_threads: int = 1,
         prefill_share: float = DEFAULT_PREFILL_SHARE,
         device_picks: bool | None = None,
+        prefix_cache: bool = True,
     ) -> BatchEngine:
         """This model's batch engine, started on first use (later calls return it as it is).
 
@@ -294,6 +295,7 @@ class OnnxModel:
                     sampling_threads=sampling_threads,
                     prefill_share=prefill_share,
                     device_picks=device_picks,
+                    prefix_cache=prefix_cache,
                 )
             return self._engine
 
