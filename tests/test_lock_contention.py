@@ -132,7 +132,7 @@ def _deltas(task_id: str) -> str:
 
 @pytest.mark.slow
 def test_a_writer_frozen_inside_its_commit_costs_the_other_rows_nothing_they_committed(
-    lab_env: dict[str, str], make_client, tmp_path: Path
+    lab_env: dict[str, str], make_client, tmp_path: Path, settings
 ):
     """Issue 24: one worker frozen inside a commit (SIGSTOP), another generating a ``resume`` task beside it.
 
@@ -155,6 +155,10 @@ def test_a_writer_frozen_inside_its_commit_costs_the_other_rows_nothing_they_com
     }
     env = {**lab_env, **timeouts}
     queue = lab_env["LMSP_TASK_QUEUE"]
+    # The freezer consumes a queue of its own and is up before the task beside starts: that row's
+    # 3,000 slowed tokens then only have to outlast the frozen task's first three commits, not a
+    # worker's start on a loaded machine (which once took longer than the row).
+    freezer_queue = f"{queue}-freezer"
 
     def create(policy: str) -> str:
         request = {"model": ENDLESS_MODEL, "input": "Tell me a long story", "max_output_tokens": 3000}
@@ -173,30 +177,31 @@ def test_a_writer_frozen_inside_its_commit_costs_the_other_rows_nothing_they_com
             maintenance=False,
         ),
         celery_worker(env=env, queue=queue, log_path=tmp_path / "steady.log", name="steady") as steady,
+        celery_worker(
+            env={**env, "LMSP_FAULT_FREEZE": "task_progress@3", "LMSP_TASK_QUEUE": freezer_queue},
+            queue=freezer_queue,
+            log_path=tmp_path / "freezer.log",
+            name="freezer",
+        ) as freezer,
     ):
         beside = create("resume")
         _running_pid(beside, steady)
-        with celery_worker(
-            env={**env, "LMSP_FAULT_FREEZE": "task_progress@3"},
-            queue=queue,
-            log_path=tmp_path / "freezer.log",
-            name="freezer",
-        ) as freezer:
-            frozen = create("fail")
-            pid = _running_pid(frozen, freezer)
-            wait_until(lambda: process_stopped(pid), what=lambda: f"no freeze:\n{freezer.log()[-3000:]}")
-            if connection.vendor == "sqlite":
-                steady.wait_for_log(f"task {beside} stopped: task_progress", timeout=60)
-                kill_process_group(freezer.proc)  # the frozen writer dies: the lock is free again
-            else:
-                # The server ended the frozen session: the reaper takes its task while the process still sleeps.
-                wait_until(
-                    lambda: Task.objects.get(pk=frozen).status == S.FAILED,
-                    what=lambda: f"the frozen task was not reaped:\n{steady.log()[-2000:]}",
-                    timeout=60,
-                )
-                assert process_stopped(pid)
-                kill_process_group(freezer.proc)
+        settings.LMSP_TASK_QUEUE = freezer_queue
+        frozen = create("fail")
+        pid = _running_pid(frozen, freezer)
+        wait_until(lambda: process_stopped(pid), what=lambda: f"no freeze:\n{freezer.log()[-3000:]}")
+        if connection.vendor == "sqlite":
+            steady.wait_for_log(f"task {beside} stopped: task_progress", timeout=60)
+            kill_process_group(freezer.proc)  # the frozen writer dies: the lock is free again
+        else:
+            # The server ended the frozen session: the reaper takes its task while the process still sleeps.
+            wait_until(
+                lambda: Task.objects.get(pk=frozen).status == S.FAILED,
+                what=lambda: f"the frozen task was not reaped:\n{steady.log()[-2000:]}",
+                timeout=60,
+            )
+            assert process_stopped(pid)
+            kill_process_group(freezer.proc)
         done = wait_until(
             lambda: Task.objects.filter(pk=beside, status=S.SUCCEEDED).first(),
             what=lambda: f"the task beside did not finish:\n{steady.log()[-3000:]}",
