@@ -135,6 +135,41 @@ def summary(turns: list[dict[str, Any]], alone: list[dict[str, Any]] | None = No
     return out
 
 
+def two_workers(svc: Service, sdk: openai.OpenAI, model: str, prefix: Any, turns: list[str], args: Any) -> dict:
+    """``--two-workers`` chained conversations at once on two workers (the Procfile's, named apart), with
+    the web routing continued turns to the worker of the turn before (``LMSP_AFFINITY``) and without."""
+    svc.stop_worker()
+    svc.env["LMSP_PREFIX_CACHE"] = "1"
+    svc.worker_config = None
+    svc.use_worker("threads", args.worker_threads, None)
+    second_command = svc.worker_commands[-1].replace('--hostname "worker-', '--hostname "worker2-')
+    second = svc._spawn(["bash", "-c", second_command], "worker-second.log")
+    out: dict[str, Any] = {}
+    try:
+        for routed in ("1", "0"):
+            svc.stop_web()
+            svc.env["LMSP_AFFINITY"] = routed
+            svc.start_web("web")
+            log(f"two workers, routing {'on' if routed == '1' else 'off'}")
+            base = 100 if routed == "1" else 200
+            many = at_once(
+                args.two_workers,
+                lambda n, base=base: conversation(
+                    sdk, model, prefix(base + n), turns, echoed=False, tokens=args.tokens
+                ),
+            )
+            summaries = [summary(c) for c in many]
+            later = [t for c in many for t in c[1:]]
+            out["routed" if routed == "1" else "not_routed"] = {
+                "hit_share": round(sum(t["cached_tokens"] for t in later) / sum(t["input_tokens"] for t in later), 3),
+                "later_ttft_p50_ms": round(statistics.median(t["ttft_ms"] for t in later), 1),
+                "later_ttft_ms_per_conversation": [s["ttft_ms"][1:] for s in summaries],
+            }
+    finally:
+        svc._stop(second)
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--turns", type=int, default=10)
@@ -142,6 +177,9 @@ def main() -> int:
     parser.add_argument("--turn-tokens", type=int, default=100)
     parser.add_argument("--tokens", type=int, default=32, help="output tokens per turn")
     parser.add_argument("--concurrent", type=int, default=8, help="conversations at once (0: skip)")
+    parser.add_argument(
+        "--two-workers", type=int, default=4, help="conversations at once on two workers, routed or not (0: skip)"
+    )
     parser.add_argument("--worker-threads", type=int, default=4)
     parser.add_argument("--threads", type=int, default=1, help="LMSP_INTRA_OP_THREADS")
     parser.add_argument("--json", default=None)
@@ -184,6 +222,8 @@ def main() -> int:
                     lambda n: conversation(sdk, model, prefix(10 + n), turns, echoed=False, tokens=args.tokens),
                 )
                 report["concurrent"] = [summary(c) for c in many]
+        if args.two_workers:
+            report["two_workers"] = two_workers(svc, sdk, model, prefix, turns[:6], args)
         alone = results["new_tokens_alone"]
         report["new_tokens_alone_ttft_ms"] = [t["ttft_ms"] for t in alone]
         for kind in ("chained", "echoed"):

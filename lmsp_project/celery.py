@@ -21,8 +21,9 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "lmsp_project.settings")
 
 app = Celery("lmsp_project")
 app.config_from_object("django.conf:settings", namespace="CELERY")
-# workers.shutdown: one line per task a stop interrupts, instead of tracebacks.
-app.conf.imports = ("workers.tasks", "workers.shutdown")
+# workers.shutdown: one line per task a stop interrupts, instead of tracebacks. workers.affinity: the
+# node's own queue and its presence (tasks_app.affinity).
+app.conf.imports = ("workers.tasks", "workers.shutdown", "workers.affinity")
 
 
 @app.on_after_finalize.connect

@@ -400,6 +400,10 @@ if not 0 < LMSP_KV_CACHE_SHARE <= 1:
 # with the same tokens skips their model calls (docs/workers.md, "The prefix cache"); a hit changes no
 # token. Off: every prompt is prefilled whole.
 LMSP_PREFIX_CACHE = _env_bool("LMSP_PREFIX_CACHE", True)
+# Send a response that continues another (previous_response_id) to the worker node that ran the one
+# before it, while that node is alive and has room: its prefix cache holds the conversation
+# (tasks_app.affinity). Off: every task goes to the shared queue. Read by the web process.
+LMSP_AFFINITY = _env_bool("LMSP_AFFINITY", True)
 # Threads that sample one decode step's rows side by side (docs/workers.md):
 # at a real vocabulary (150k logits) a sampled row costs ~0.3 ms of NumPy work
 # that runs without the GIL. 0: automatic, half the cores, at least 2 and at most 8.

@@ -50,9 +50,10 @@ def _marker(task_id: str) -> str:
     return key("dispatched", task_id)
 
 
-def run_message_send(*, task_id: str) -> None:
-    """Put one run message on the workers' queue; raises one of ``UNREACHABLE``."""
-    app.send_task(RUN_TASK, args=[task_id], queue=settings.LMSP_TASK_QUEUE, retry=False)
+def run_message_send(*, task_id: str, queue: str | None = None) -> None:
+    """Put one run message on the workers' queue (or ``queue``: one node's, ``tasks_app.affinity``);
+    raises one of ``UNREACHABLE``."""
+    app.send_task(RUN_TASK, args=[task_id], queue=queue or settings.LMSP_TASK_QUEUE, retry=False)
 
 
 def dispatch_marker_set(*, task_id: str) -> None:

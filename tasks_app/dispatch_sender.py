@@ -20,6 +20,7 @@ import queue
 import threading
 
 from tasks_app import broker
+from tasks_app.affinity import affinity_queue_for
 
 logger = logging.getLogger(__name__)
 
@@ -49,13 +50,14 @@ def dispatch_sender_start() -> None:
         atexit.register(dispatch_sender_stop)
 
 
-def dispatch_sender_submit(*, task_id: str) -> bool:
-    """Queue ``task_id`` for sending; False when this process has no sender (the caller sends inline)."""
+def dispatch_sender_submit(*, task_id: str, prefer_worker: str = "") -> bool:
+    """Queue ``task_id`` for sending (to ``prefer_worker``'s node if it has room, ``tasks_app.affinity``);
+    False when this process has no sender (the caller sends inline)."""
     pending = _queue
     if pending is None:
         return False
     try:
-        pending.put_nowait(task_id)
+        pending.put_nowait((task_id, prefer_worker))
     except queue.Full:
         logger.warning("dispatch backlog full; task %s is left to the sweeper", task_id)
     return True
@@ -85,21 +87,23 @@ def _run(pending: queue.Queue) -> None:
                 break
         stop = _STOP in batch
         try:
-            _send([task_id for task_id in batch if task_id is not _STOP])
+            _send([item for item in batch if item is not _STOP])
         except Exception:  # the thread must outlive any one round
             logger.exception("dispatch round failed (the sweeper will retry its tasks)")
         if stop:
             return
 
 
-def _send(task_ids: list[str]) -> None:
-    if not task_ids:
+def _send(items: list[tuple[str, str]]) -> None:
+    """Send each ``(task id, preferred worker)``."""
+    if not items:
         return
+    task_ids = [task_id for task_id, _ in items]
     # Markers first (one round trip): a worker that takes a message at once clears a marker already there.
     broker.dispatch_markers_set(task_ids=task_ids)
-    for index, task_id in enumerate(task_ids):
+    for index, (task_id, prefer_worker) in enumerate(items):
         try:
-            broker.run_message_send(task_id=task_id)
+            broker.run_message_send(task_id=task_id, queue=affinity_queue_for(worker=prefer_worker))
         except broker.UNREACHABLE as exc:
             # The rest would fail the same way, each after its own timeout.
             left = task_ids[index:]

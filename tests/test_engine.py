@@ -113,7 +113,9 @@ def run_together(engine: BatchEngine, model: OnnxModel, requests: Sequence[Reque
             if not waited[0]:
                 waited[0] = True
                 with submitted:
-                    submitted.wait_for(lambda: count[0] >= request.hold_for, timeout=10)
+                    # Generous: on a loaded machine the other threads' generations (a grammar to compile)
+                    # took more than 10 s to be submitted, and the rows then joined one by one.
+                    submitted.wait_for(lambda: count[0] >= request.hold_for, timeout=120)
             return request.should_stop()
 
         return should_stop

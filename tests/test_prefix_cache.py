@@ -168,41 +168,32 @@ def test_a_row_that_hits_while_others_decode_joins_them_and_keeps_its_tokens(
     seeded = SamplingParams(temperature=0.9, top_p=0.95, seed=3, max_output_tokens=8)
     long_rows = SamplingParams(temperature=0, max_output_tokens=60)
     first = new_ids(model, 1, 26)
-    results: dict[str, Any] = {}
+    hit_submitted = threading.Event()
+
+    def held() -> bool:
+        """The model thread waits at the first row's first check until the hit is submitted too: the two
+        rows are prefilled first and decode while the hit joins, however slow the machine."""
+        hit_submitted.wait(timeout=120)
+        return False
+
     try:
         warm = run(engine, model, first, seeded)
         follow = [*first, *warm.generated_ids, *new_ids(model, 2, 9)]
-        # Two rows decode while the hit joins them: it starts after both produced their first chunk.
-        started = threading.Barrier(3, timeout=30)
-
-        def decode(name: str, prompt: list[int]) -> None:
-            generation = model.generate(prompt, long_rows, should_stop=never)
-            stream = engine.submit(generation)
-            chunks = []
-            for index, chunk in enumerate(stream):
-                chunks.append(chunk)
-                if index == 0:
-                    started.wait()
-            results[name] = (prompt, ids_of(chunks))
-
-        threads = [
-            # About as long as the hit's prompt, so that it joins their calls instead of a group of its own.
-            threading.Thread(target=decode, args=(name, new_ids(model, 3 + n, 38 + 6 * n)))
-            for n, name in enumerate(("a", "b"))
-        ]
-        for thread in threads:
-            thread.start()
-        started.wait()
-        hit = run(engine, model, follow, seeded)
-        for thread in threads:
-            thread.join(timeout=60)
+        # About as long as the hit's prompt, so that it joins their calls instead of a group of its own.
+        prompts = [new_ids(model, 3 + n, 38 + 6 * n) for n in range(2)]
+        rows = [model.generate(prompts[0], long_rows, should_stop=held)]
+        rows.append(model.generate(prompts[1], long_rows, should_stop=never))
+        streams = [engine.submit(row) for row in rows]
+        hit = model.generate(follow, seeded, should_stop=never)
+        streams.append(engine.submit(hit))
+        hit_submitted.set()
+        got = [ids_of(list(stream)) for stream in streams]
         after = [*follow, *hit.generated_ids, *new_ids(model, 4, 5)]
         last = run(engine, model, after, seeded)
     finally:
         engine.close()
-    for prompt, ids in results.values():
-        assert ids == alone(model, prompt, long_rows)
-    assert hit.generated_ids == alone(model, follow, seeded)
+    assert got[:2] == [alone(model, prompt, long_rows) for prompt in prompts]
+    assert got[2] == hit.generated_ids == alone(model, follow, seeded)
     assert last.generated_ids == alone(model, after, seeded)
     assert hit.cached_tokens == expected_hit(engine, prompt=len(first), answer=warm.output_tokens)
     if engine.batched and not engine.exact_splits:  # (float16 graphs keep no answers either way)

@@ -62,6 +62,10 @@ def test_schemathesis_finds_the_server_true_to_its_schema(running_worker, make_c
             "1",
             "--request-timeout",
             str(REQUEST_TIMEOUT_SECONDS),
+            # "--checks all" bounds each response at 10 s, a speed no loaded machine promises (a GET once took
+            # 12 s in a busy CI run): the bound is the request timeout, which catches the hangs it is for.
+            "--max-response-time",
+            str(REQUEST_TIMEOUT_SECONDS),
             "--generation-database",
             "none",
             "--no-color",

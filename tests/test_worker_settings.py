@@ -28,6 +28,7 @@ ENGINE_SETTINGS = (
     "LMSP_PREFILL_SHARE",
     "LMSP_START_FOLD_MS",
     "LMSP_GPU_MEM_LIMIT_BYTES",
+    "LMSP_PREFIX_CACHE",
 )
 
 
@@ -53,6 +54,7 @@ def test_the_defaults_size_the_batch_and_the_memory_automatically(monkeypatch, t
         "LMSP_PREFILL_SHARE": 3.0,
         "LMSP_START_FOLD_MS": 25.0,
         "LMSP_GPU_MEM_LIMIT_BYTES": 0,
+        "LMSP_PREFIX_CACHE": True,
     }
     # Set but empty (compose passes an unset variable so) is the default too.
     assert read_settings(monkeypatch, tmp_path, **dict.fromkeys(ENGINE_SETTINGS, "")) == read_settings(
@@ -72,6 +74,7 @@ def test_what_the_environment_says_is_what_the_worker_gets(monkeypatch, tmp_path
         LMSP_PREFILL_SHARE="0.9",
         LMSP_START_FOLD_MS="0",
         LMSP_GPU_MEM_LIMIT_BYTES="8589934592",
+        LMSP_PREFIX_CACHE="0",
     ) == {
         "LMSP_MAX_BATCH": 1,
         "LMSP_KV_CACHE_BYTES": 2147483648,
@@ -81,6 +84,7 @@ def test_what_the_environment_says_is_what_the_worker_gets(monkeypatch, tmp_path
         "LMSP_PREFILL_SHARE": 0.9,
         "LMSP_START_FOLD_MS": 0.0,
         "LMSP_GPU_MEM_LIMIT_BYTES": 8589934592,
+        "LMSP_PREFIX_CACHE": False,
     }
 
 

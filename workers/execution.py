@@ -863,6 +863,11 @@ def _beat(rows: list[_Held]) -> None:
 _run_loop: RunLoop[_Held] = RunLoop(advance=_advance, beat=_beat, beat_seconds=settings.LMSP_HEARTBEAT_SECONDS)
 
 
+def run_loop_taken() -> int:
+    """Places of this process's rows taken now (running, or claimed and starting)."""
+    return _run_loop.taken
+
+
 def run_loop_empty(*, timeout: float) -> bool:
     """Wait until the run loop carries no row (a shutdown's hand-backs done); False on ``timeout``."""
     return _run_loop.wait_empty(timeout)

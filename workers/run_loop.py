@@ -96,6 +96,12 @@ class RunLoop(Generic[H]):
         """Rows carried now."""
         return len(self._held)
 
+    @property
+    def taken(self) -> int:
+        """Places taken now: rows carried, and rows reserved that are still starting."""
+        with self._changed:
+            return len(self._held) + self._reserved
+
     def wait_empty(self, timeout: float) -> bool:
         """Wait until no row is carried (a shutdown's last hand-backs); False if ``timeout`` passed first."""
         with self._changed:

@@ -26,14 +26,24 @@ FINISHED = (ResponseStatus.COMPLETED, ResponseStatus.INCOMPLETE, ResponseStatus.
 PARAM = "previous_response_id"
 
 
-def conversation_context_of(*, client: Client, request: Mapping[str, Any]) -> list[dict[str, Any]] | None:
+@dataclass(frozen=True)
+class Conversation:
+    """What a response continuing another starts from."""
+
+    context: list[dict[str, Any]]
+    worker: str
+    """The worker (``<node>/<pid>``) that ran the previous response: its node holds the conversation's
+    prefix cache (``tasks_app.affinity``); "" when none ran it."""
+
+
+def conversation_of(*, client: Client, request: Mapping[str, Any]) -> Conversation | None:
     """The conversation ``request`` continues, or None when it names no ``previous_response_id``.
 
     Read before the accepting transaction: a finished response does not
     change, and one deleted meanwhile leaves the copy intact.
     """
     previous = request.get(PARAM)
-    return None if not previous else conversation_context(client=client, previous_response_id=previous)
+    return None if not previous else _conversation(client=client, previous_response_id=previous)
 
 
 @dataclass(frozen=True)
@@ -42,6 +52,8 @@ class Continuation:
 
     context: list[dict[str, Any]] | None = None
     refusal: LmspError | None = None
+    worker: str = ""
+    """The worker that ran the previous response (``Conversation.worker``)."""
 
     def context_or_refusal(self) -> list[dict[str, Any]] | None:
         if self.refusal is not None:
@@ -50,7 +62,7 @@ class Continuation:
 
 
 def conversation_continuation(*, client: Client, request: Mapping[str, Any]) -> Continuation:
-    """``conversation_context_of``, with its refusal kept instead of raised.
+    """``conversation_of``, with its refusal kept instead of raised.
 
     For an accept with an ``Idempotency-Key``: the retry of a request that was
     accepted gets its first answer again even when the response it continued
@@ -58,9 +70,12 @@ def conversation_continuation(*, client: Client, request: Mapping[str, Any]) -> 
     refusal may only be raised once the key had its say.
     """
     try:
-        return Continuation(context=conversation_context_of(client=client, request=request))
+        conversation = conversation_of(client=client, request=request)
     except (ResponseNotFound, ResponseNotFinished) as refusal:
         return Continuation(refusal=refusal)
+    if conversation is None:
+        return Continuation()
+    return Continuation(context=conversation.context, worker=conversation.worker)
 
 
 def conversation_context(*, client: Client, previous_response_id: str) -> list[dict[str, Any]]:
@@ -69,9 +84,13 @@ def conversation_context(*, client: Client, previous_response_id: str) -> list[d
     Unknown, another client's or an unstored (``store: false``) response is
     ``ResponseNotFound``; one that has not finished is ``ResponseNotFinished``.
     """
+    return _conversation(client=client, previous_response_id=previous_response_id).context
+
+
+def _conversation(*, client: Client, previous_response_id: str) -> Conversation:
     row = (
         Response.objects.filter(pk=previous_response_id, client=client)
-        .values_list("request", "output", "status")
+        .values_list("request", "output", "status", "task__worker")
         .first()
     )
     if row is None or row[0].get("store") is False:
@@ -79,13 +98,14 @@ def conversation_context(*, client: Client, previous_response_id: str) -> list[d
             f"No stored response with id {previous_response_id!r} to continue",
             errors=[{"field": PARAM, "message": "no stored response of this client has this id"}],
         )
-    request, output, status = row
+    request, output, status, worker = row
     if status not in FINISHED:
         raise ResponseNotFinished(
             f"response {previous_response_id} has not finished ({status}); continue it once it has",
             errors=[{"field": PARAM, "message": "has not finished"}],
         )
-    return [*request.get("context", ()), *input_items(request.get("input")), *output_input_items(output)]
+    context = [*request.get("context", ()), *input_items(request.get("input")), *output_input_items(output)]
+    return Conversation(context=context, worker=worker or "")
 
 
 def input_items(given: str | list[Mapping[str, Any]] | None) -> list[dict[str, Any]]:

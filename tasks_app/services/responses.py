@@ -100,7 +100,12 @@ def response_start(
             return ResponseStarted(replay=reply)
         context = continuation.context_or_refusal()
         accepted = task_accept(
-            client=client, request=request, on_restart=on_restart, notify_webhooks=background, context=context
+            client=client,
+            request=request,
+            on_restart=on_restart,
+            notify_webhooks=background,
+            context=context,
+            prefer_worker=continuation.worker,
         )
         task = accepted.task
         answer = None

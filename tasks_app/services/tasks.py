@@ -68,12 +68,14 @@ def task_accept(
     on_restart: RestartPolicy,
     notify_webhooks: bool = False,
     context: list[dict[str, Any]] | None = None,
+    prefer_worker: str = "",
 ) -> Accepted:
     """Insert a queued task for ``request`` and dispatch it once the caller's transaction commits.
 
     Shared by ``POST /tasks`` and ``POST /responses``; must run in a transaction.
     ``notify_webhooks``: its end goes to the client's webhook endpoints (docs/webhooks.md);
-    ``context``: the conversation a ``previous_response_id`` continues (``conversation_context_of``).
+    ``context``: the conversation a ``previous_response_id`` continues (``conversation_of``), and
+    ``prefer_worker`` the worker that ran it: its node gets the task if it has room (``tasks_app.affinity``).
     The count that checks the queue's limit is also the new task's place in
     the line: inside the write transaction, every queued task is ahead of it.
     """
@@ -99,7 +101,7 @@ def task_accept(
         metadata=request.get("metadata") or {},
         notify_webhooks=notify_webhooks,
     )
-    task_dispatch_on_commit(task_id=task.id)
+    task_dispatch_on_commit(task_id=task.id, prefer_worker=prefer_worker)
     return Accepted(task, ahead + 1)
 
 
@@ -150,7 +152,12 @@ def task_create(
         context = continuation.context_or_refusal()
         # A task's client learns of its end by polling, streaming or its webhooks.
         accepted = task_accept(
-            client=client, request=request, on_restart=on_restart, notify_webhooks=True, context=context
+            client=client,
+            request=request,
+            on_restart=on_restart,
+            notify_webhooks=True,
+            context=context,
+            prefer_worker=continuation.worker,
         )
         task = accepted.task
         reply = Reply(202, task_object(task, accepted.queue_position), {"Location": task_location(task.id)})
