@@ -98,14 +98,12 @@ def response_start(
             if reply.headers.get("Content-Type") == EVENT_STREAM_CONTENT_TYPE:
                 return ResponseStarted(task_id=reply.body["task_id"], stream=True, replayed=True)
             return ResponseStarted(replay=reply)
-        context = continuation.context_or_refusal()
         accepted = task_accept(
             client=client,
             request=request,
             on_restart=on_restart,
             notify_webhooks=background,
-            context=context,
-            prefer_worker=continuation.worker,
+            continuation=continuation,
         )
         task = accepted.task
         answer = None

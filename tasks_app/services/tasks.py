@@ -26,7 +26,7 @@ from tasks_app.models import Client, Task
 from tasks_app.querying import status_in
 from tasks_app.request_surface import response_request_check
 from tasks_app.selectors import model_get_by_name
-from tasks_app.services.conversations import conversation_continuation
+from tasks_app.services.conversations import Continuation, conversation_continuation
 from tasks_app.services.dispatch import task_dispatch_on_commit
 from tasks_app.services.idempotency import IdempotencyClaim, idempotency_claim_if_keyed, idempotency_complete
 from tasks_app.states import RestartPolicy, TaskStatus
@@ -67,18 +67,20 @@ def task_accept(
     request: Mapping[str, Any],
     on_restart: RestartPolicy,
     notify_webhooks: bool = False,
-    context: list[dict[str, Any]] | None = None,
-    prefer_worker: str = "",
+    continuation: Continuation | None = None,
 ) -> Accepted:
     """Insert a queued task for ``request`` and dispatch it once the caller's transaction commits.
 
     Shared by ``POST /tasks`` and ``POST /responses``; must run in a transaction.
     ``notify_webhooks``: its end goes to the client's webhook endpoints (docs/webhooks.md);
-    ``context``: the conversation a ``previous_response_id`` continues (``conversation_of``), and
-    ``prefer_worker`` the worker that ran it: its node gets the task if it has room (``tasks_app.affinity``).
+    ``continuation``: the conversation a ``previous_response_id`` continues (``conversation_continuation``):
+    its refusal is raised here, after the caller's idempotency key had its say; its context is copied
+    into the task's request; the worker that ran the response before gets the task if it has room
+    (``tasks_app.affinity``).
     The count that checks the queue's limit is also the new task's place in
     the line: inside the write transaction, every queued task is ahead of it.
     """
+    context = continuation.context_or_refusal() if continuation is not None else None
     model = model_get_by_name(request["model"])
     if on_restart == RestartPolicy.RESUME and not model.resumable:
         raise UnsupportedCapability(
@@ -101,7 +103,7 @@ def task_accept(
         metadata=request.get("metadata") or {},
         notify_webhooks=notify_webhooks,
     )
-    task_dispatch_on_commit(task_id=task.id, prefer_worker=prefer_worker)
+    task_dispatch_on_commit(task_id=task.id, prefer_worker=continuation.worker if continuation is not None else "")
     return Accepted(task, ahead + 1)
 
 
@@ -149,15 +151,9 @@ def task_create(
         )
         if claim is not None and claim.is_replay:
             return Reply.replay_of(claim)
-        context = continuation.context_or_refusal()
         # A task's client learns of its end by polling, streaming or its webhooks.
         accepted = task_accept(
-            client=client,
-            request=request,
-            on_restart=on_restart,
-            notify_webhooks=True,
-            context=context,
-            prefer_worker=continuation.worker,
+            client=client, request=request, on_restart=on_restart, notify_webhooks=True, continuation=continuation
         )
         task = accepted.task
         reply = Reply(202, task_object(task, accepted.queue_position), {"Location": task_location(task.id)})
