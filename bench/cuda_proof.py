@@ -998,11 +998,73 @@ def picks_section(args: argparse.Namespace, report: Report, graphs: dict[str, Gr
         model.close()
 
 
+def prefix_section(args: argparse.Namespace, report: Report, graphs: dict[str, Graph]) -> None:
+    """The prefix cache (issue 29): a chain of turns, each prompt the last one, its answer and new ids,
+    through one engine with the cache: the same tokens as each turn alone on the same device, the hits
+    the rule gives, the entries kept on the device, and each later turn's time with and without it."""
+    from workers.backends.onnx.engine import BatchEngine
+
+    turns = 3 if args.quick else 5
+    for graph in graphs.values():
+        # Chunks of 32: a float16 graph reuses whole chunks of its prompts, which a short prompt then has.
+        model = load(graph, args.device, prefill_chunk=32)
+        try:
+            engines = {
+                cached: BatchEngine(
+                    model,
+                    max_batch=2,
+                    kv_budget_bytes=1 << 30,
+                    delta_tokens=16,
+                    delta_seconds=0.05,
+                    prefix_cache=cached,
+                )
+                for cached in (True, False)
+            }
+            params = SamplingParams(temperature=0, max_output_tokens=12)
+            prompt = synthetic_ids(model, 300 if not args.quick else 120, salt=7)
+            same, hits, seconds = True, [], {True: [], False: []}
+            answer: list[int] = []
+            for turn in range(turns):
+                if turn:
+                    prompt = [*prompt, *answer, *synthetic_ids(model, 20, salt=100 + turn)]
+                alone = generated(model, prompt, params)
+                for cached, engine in engines.items():
+                    generation = model.generate(prompt, params, should_stop=never)
+                    started = time.perf_counter()
+                    list(engine.submit(generation))
+                    seconds[cached].append(ms(time.perf_counter() - started))
+                    same &= generation.generated_ids == alone
+                    if cached:
+                        hits.append(generation.cached_tokens)
+                        answer = generation.generated_ids
+            cache = engines[True].prefix_cache
+            report.check(f"{graph.name}: every turn with the cache gives its tokens alone on {args.device}", same)
+            usable = cache is not None
+            report.check(
+                f"{graph.name}: later turns start from the cache" if usable else f"{graph.name}: no cache (per call)",
+                all(hits[1:]) if usable else not any(hits),
+                hits,
+            )
+            if usable:
+                report.check(
+                    f"{graph.name}: the entries stay on {args.device}",
+                    cache.devices() <= {args.device},
+                    cache.devices(),
+                )
+            report.info(
+                f"{graph.name}: turn ms with / without the cache", {"with": seconds[True], "without": seconds[False]}
+            )
+            for engine in engines.values():
+                engine.close()
+        finally:
+            model.close()
+
+
 # --------------------------------------------------------------------------- #
 
 
 SECTIONS = ("environment", "placement", "kv", "logits", "fixtures", "resume", "fp16", "timing", "memory", "libraries")
-SECTIONS += ("batched", "picks")
+SECTIONS += ("batched", "picks", "prefix")
 # The float32 fixture layouts, compared with the CPU token for token; the float16 ones against this one.
 FP32_FIXTURES = ("qwen2-community", "qwen2-tiny", "llama-tiny", "phi3-tiny", "gpt2-tiny", "llama-genai", "phi3-legacy")
 FP32_PAIR = "qwen2-community"
@@ -1054,6 +1116,18 @@ def main() -> int:
                     **{k: fixtures[k] for k in ("llama-genai", f"{FP32_PAIR}:fp16") if k in fixtures},
                 },
                 demos["wide"],
+            ),
+        ),
+        (
+            "prefix",
+            40,
+            lambda: prefix_section(
+                args,
+                report,
+                {
+                    "endless": demos["endless"],
+                    **{k: fixtures[k] for k in ("llama-genai", f"{FP32_PAIR}:fp16") if k in fixtures},
+                },
             ),
         ),
         (

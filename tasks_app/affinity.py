@@ -12,6 +12,14 @@ node that ran its previous response when that presence says it has room,
 and to the shared queue otherwise: a node that died, is draining or is full
 gets nothing routed to it.
 
+A conversation the client echoes back (no ``previous_response_id``) is
+known by its beginning: ``conversation_key`` hashes what a prompt starts
+with (model, instructions, tools, the first input item), which every turn
+of one conversation repeats. A worker that starts a task records its node
+under that key (``affinity_remember``, an hour's TTL), and a later request
+with the same beginning prefers that node, on the same terms. The web
+never tokenizes: the key is over the request's items, not its tokens.
+
 Nothing here decides who runs a task: the message is a hint as every run
 message is, and the claim's compare-and-set in the database decides. A
 routed message that waits too long (its node stopped right after the
@@ -22,7 +30,11 @@ second message is dropped by whichever claim loses.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
+from collections.abc import Mapping
+from typing import Any
 
 import redis
 from django.conf import settings
@@ -34,6 +46,9 @@ logger = logging.getLogger(__name__)
 # A presence this old is gone: a node refreshes it every PRESENCE_REFRESH_SECONDS.
 PRESENCE_TTL_SECONDS = 5
 PRESENCE_REFRESH_SECONDS = 1.0
+# How long a conversation's beginning points at the node that last ran it: an agent's next turn comes
+# within minutes; a longer gap finds a cache that was probably evicted anyway.
+CONVERSATION_TTL_SECONDS = 3600
 
 
 def node_of(worker: str) -> str:
@@ -65,6 +80,64 @@ def affinity_withdraw(*, node: str) -> None:
         redis_client().delete(_presence(node))
     except redis.RedisError:
         pass
+
+
+def conversation_key(request: Mapping[str, Any]) -> str:
+    """What every turn of a conversation begins with, hashed ("" when it begins with nothing to key)."""
+    context = request.get("context") or []
+    given = request.get("input")
+    first = context[0] if context else (given if isinstance(given, str) else (given or [None])[0])
+    if first is None:
+        return ""
+    start = [request.get("model"), request.get("instructions"), request.get("tools"), _item_start(first)]
+    digest = hashlib.sha256(json.dumps(start, sort_keys=True, default=str).encode()).hexdigest()
+    return digest[:32]
+
+
+def _item_start(item: Any) -> Any:
+    """An input item as every way of sending it spells it: a string, a message with or without ``type``,
+    its content a string or text parts, all come to (role, text)."""
+    if isinstance(item, str):
+        return ["user", item]
+    if isinstance(item, Mapping) and "content" in item:
+        content = item["content"]
+        if not isinstance(content, str):
+            content = "".join(part.get("text", "") for part in content or () if isinstance(part, Mapping))
+        return [item.get("role", "user"), content]
+    return item
+
+
+def _conversation(conversation: str) -> str:
+    return key("affinity-conversation", conversation)
+
+
+def affinity_remember(*, request: Mapping[str, Any], worker: str) -> None:
+    """``worker``'s node runs a task of ``request``'s conversation: later turns prefer it. Never raises."""
+    conversation = conversation_key(request)
+    if not conversation:
+        return
+    try:
+        redis_client().set(_conversation(conversation), node_of(worker), ex=CONVERSATION_TTL_SECONDS)
+    except redis.RedisError as exc:
+        logger.debug("could not remember the node of conversation %s: %s", conversation, exc)
+
+
+def affinity_queue_of_conversation(*, conversation: str) -> str | None:
+    """The queue of the node that last ran a task of ``conversation`` (``conversation_key``), if that node
+    is alive and has room; else None. Never raises."""
+    if not conversation or not settings.LMSP_AFFINITY:
+        return None
+    try:
+        node = redis_client().get(_conversation(conversation))
+    except redis.RedisError:
+        return None
+    return affinity_queue_for(worker=node.decode()) if node else None
+
+
+def affinity_route(*, worker: str, conversation: str) -> str | None:
+    """Where a new task's run message goes (None: the shared queue): the node of ``worker`` (that ran the
+    response it continues), else the node that last ran its ``conversation``, if it is alive with room."""
+    return affinity_queue_for(worker=worker) or affinity_queue_of_conversation(conversation=conversation)
 
 
 def affinity_queue_for(*, worker: str) -> str | None:

@@ -20,7 +20,7 @@ import queue
 import threading
 
 from tasks_app import broker
-from tasks_app.affinity import affinity_queue_for
+from tasks_app.affinity import affinity_route
 
 logger = logging.getLogger(__name__)
 
@@ -50,14 +50,14 @@ def dispatch_sender_start() -> None:
         atexit.register(dispatch_sender_stop)
 
 
-def dispatch_sender_submit(*, task_id: str, prefer_worker: str = "") -> bool:
-    """Queue ``task_id`` for sending (to ``prefer_worker``'s node if it has room, ``tasks_app.affinity``);
+def dispatch_sender_submit(*, task_id: str, prefer_worker: str = "", conversation: str = "") -> bool:
+    """Queue ``task_id`` for sending (to the node ``tasks_app.affinity`` prefers, if it has room);
     False when this process has no sender (the caller sends inline)."""
     pending = _queue
     if pending is None:
         return False
     try:
-        pending.put_nowait((task_id, prefer_worker))
+        pending.put_nowait((task_id, prefer_worker, conversation))
     except queue.Full:
         logger.warning("dispatch backlog full; task %s is left to the sweeper", task_id)
     return True
@@ -94,16 +94,17 @@ def _run(pending: queue.Queue) -> None:
             return
 
 
-def _send(items: list[tuple[str, str]]) -> None:
-    """Send each ``(task id, preferred worker)``."""
+def _send(items: list[tuple[str, str, str]]) -> None:
+    """Send each ``(task id, preferred worker, conversation key)``."""
     if not items:
         return
-    task_ids = [task_id for task_id, _ in items]
+    task_ids = [task_id for task_id, _, _ in items]
     # Markers first (one round trip): a worker that takes a message at once clears a marker already there.
     broker.dispatch_markers_set(task_ids=task_ids)
-    for index, (task_id, prefer_worker) in enumerate(items):
+    for index, (task_id, prefer_worker, conversation) in enumerate(items):
         try:
-            broker.run_message_send(task_id=task_id, queue=affinity_queue_for(worker=prefer_worker))
+            queue = affinity_route(worker=prefer_worker, conversation=conversation)
+            broker.run_message_send(task_id=task_id, queue=queue)
         except broker.UNREACHABLE as exc:
             # The rest would fail the same way, each after its own timeout.
             left = task_ids[index:]

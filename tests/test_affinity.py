@@ -16,10 +16,19 @@ from typing import Any
 import pytest
 
 from tasks_app import lifecycle
-from tasks_app.affinity import affinity_announce, affinity_queue, affinity_queue_for, affinity_withdraw, node_of
+from tasks_app.affinity import (
+    affinity_announce,
+    affinity_queue,
+    affinity_queue_for,
+    affinity_remember,
+    affinity_withdraw,
+    conversation_key,
+    node_of,
+)
 from tasks_app.models import Task
 from tasks_app.notify import redis_client
 from tests.support.demo import ENDLESS_MODEL
+from tests.support.namespace import REDIS_PREFIX
 from tests.support.queues import queued_ids
 from tests.support.waiting import wait_until
 from tests.support.worker import stop_process_group
@@ -92,6 +101,49 @@ def test_with_routing_off_a_continued_response_goes_to_the_shared_queue(api, que
     assert queued_ids(left_queue) == []
 
 
+def test_an_echoed_conversation_goes_to_the_node_that_last_ran_its_beginning(api, queue, left_queue):
+    turn_one = {"model": "demo", "input": "Hi", "instructions": "Be brief."}
+    affinity_remember(request=turn_one, worker=f"{LEFT}/4242")
+    affinity_announce(node=LEFT, room=1)
+    history = [
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello"},
+        {"role": "user", "content": "And then?"},
+    ]
+
+    def echoed(**changes: Any) -> str:
+        reply = api.post("/lmsp/v1/responses", {**turn_one, "input": history, "background": True, **changes})
+        assert reply.status_code == 200, reply.content
+        return Task.objects.get(response_id=reply.json()["id"]).pk
+
+    routed = echoed()
+    elsewhere = echoed(instructions="Be long.")  # another beginning: another conversation
+
+    assert queued_ids(left_queue) == [routed]
+    assert queued_ids(queue) == [elsewhere]
+    redis_client().delete(f"{REDIS_PREFIX}:affinity-conversation:{conversation_key(turn_one)}")
+
+
+def test_every_way_of_sending_a_conversation_has_the_key_of_its_first_turn():
+    first = {"model": "demo", "instructions": "Be brief.", "input": "Hi"}
+    key = conversation_key(first)
+    later = [
+        {**first, "input": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]},
+        {**first, "input": [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Hi"}]}]},
+        # A chained turn: its stored request copies the conversation before it.
+        {**first, "input": "And?", "context": [{"type": "message", "role": "user", "content": "Hi"}]},
+    ]
+    other = [
+        {**first, "instructions": "Be long."},
+        {**first, "model": "demo:base"},
+        {**first, "tools": [{"type": "function", "name": "f", "parameters": {}}]},
+        {**first, "input": "Hello"},
+    ]
+    assert key and all(conversation_key(request) == key for request in later)
+    assert all(conversation_key(request) != key for request in other)
+    assert conversation_key({"model": "demo", "input": []}) == ""
+
+
 def test_the_node_of_a_worker_is_its_name_before_the_pid():
     assert node_of("left@host/4242") == "left@host"
     assert node_of("left@host") == "left@host"
@@ -104,7 +156,7 @@ def test_a_conversation_stays_on_the_worker_that_holds_its_cache_and_moves_when_
     worker's prefix cache; once that worker stopped, the next turn runs on the other one."""
     request = {"model": ENDLESS_MODEL, "max_output_tokens": 8, "temperature": 0, "background": True}
 
-    def turn(previous: str | None, text: str) -> dict[str, Any]:
+    def turn(previous: str | None, text: str | list[dict[str, str]]) -> dict[str, Any]:
         body = {**request, "input": text, **({"previous_response_id": previous} if previous else {})}
         reply = lab.api.post("/lmsp/v1/responses", body)
         assert reply.status_code == 200, reply.content
@@ -128,6 +180,14 @@ def test_a_conversation_stays_on_the_worker_that_holds_its_cache_and_moves_when_
         for before, after in pairwise(turns):
             # All of the turn before (and its answer, as far as this prompt spells it alike) came from the cache.
             assert after["usage"]["input_tokens_details"]["cached_tokens"] >= before["usage"]["input_tokens"]
+        # The same conversation echoed back by the client (no previous_response_id) goes there too.
+        history = [{"role": "user", "content": "Tell me about the sea."}]
+        for n, answer in enumerate(turns):
+            history.append({"role": "assistant", "content": answer["output"][0]["content"][0]["text"]})
+            history.append({"role": "user", "content": f"And then, part {n}?" if n < 6 else "Echoed?"})
+        echoed = turn(None, history)
+        assert node_of(echoed["worker"]) == home
+        assert echoed["usage"]["input_tokens_details"]["cached_tokens"] >= turns[-1]["usage"]["input_tokens"]
 
         stop_process_group(workers[home.partition("@")[0]].proc)
         # A stopped node takes its presence with it: nothing more is routed to it.

@@ -40,6 +40,7 @@ from django.conf import settings
 from django.db import DatabaseError, close_old_connections, connection
 
 from tasks_app import broker, faults, lifecycle, response_formats, states, tool_calls
+from tasks_app.affinity import affinity_remember
 from tasks_app.db_locks import is_database_unavailable
 from tasks_app.events import Event
 from tasks_app.exceptions import (
@@ -509,6 +510,8 @@ def _run(
     resources: ExitStack,
 ) -> str | _Held:
     model_name, request = task_run_request(task_id=task_id)
+    # Later turns of this conversation that the client echoes back prefer this node (tasks_app.affinity).
+    affinity_remember(request=request, worker=worker)
     run = _Run(
         task_id=task_id,
         worker=worker,

@@ -22,7 +22,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from tasks_app import broker, dispatch_sender, states
-from tasks_app.affinity import affinity_queue_for
+from tasks_app.affinity import affinity_route
 from tasks_app.models import Task
 from tasks_app.querying import status_in
 from tasks_app.states import TaskStatus
@@ -33,18 +33,19 @@ logger = logging.getLogger(__name__)
 SWEEP_BATCH = 500
 
 
-def task_dispatch(*, task_id: str, prefer_worker: str = "") -> bool:
+def task_dispatch(*, task_id: str, prefer_worker: str = "", conversation: str = "") -> bool:
     """Send one task id to the workers' queue; False (logged) when the broker is unreachable.
 
     ``prefer_worker``: the worker (``<node>/<pid>``) whose node should run it if it is alive and has room
-    (it ran the response this one continues: ``tasks_app.affinity``).
+    (it ran the response this one continues), else the node that last ran its ``conversation``
+    (``tasks_app.affinity``).
     The marker is set before the send: a worker may take the message at once
     and clear it, and a marker set after that would vouch for a message that
     is gone (the sweeper verifies markers against the broker too).
     """
     broker.dispatch_marker_set(task_id=task_id)
     try:
-        broker.run_message_send(task_id=task_id, queue=affinity_queue_for(worker=prefer_worker))
+        broker.run_message_send(task_id=task_id, queue=affinity_route(worker=prefer_worker, conversation=conversation))
     except broker.UNREACHABLE as exc:
         broker.dispatch_marker_clear(task_id=task_id)
         logger.warning("could not dispatch task %s (the sweeper will retry): %s", task_id, exc)
@@ -52,19 +53,22 @@ def task_dispatch(*, task_id: str, prefer_worker: str = "") -> bool:
     return True
 
 
-def task_dispatch_on_commit(*, task_id: str, prefer_worker: str = "") -> None:
+def task_dispatch_on_commit(*, task_id: str, prefer_worker: str = "", conversation: str = "") -> None:
     """Dispatch once the current transaction commits: a worker must find the row.
 
     In a web process the send is handed to its background sender
     (``tasks_app.dispatch_sender``), so the ``202`` never waits for Redis;
-    elsewhere it is made inline. ``prefer_worker`` as for :func:`task_dispatch`.
+    elsewhere it is made inline. ``prefer_worker`` and ``conversation`` as for :func:`task_dispatch`.
     """
-    transaction.on_commit(partial(_dispatch_committed, task_id=task_id, prefer_worker=prefer_worker))
+    transaction.on_commit(
+        partial(_dispatch_committed, task_id=task_id, prefer_worker=prefer_worker, conversation=conversation)
+    )
 
 
-def _dispatch_committed(*, task_id: str, prefer_worker: str) -> None:
-    if not dispatch_sender.dispatch_sender_submit(task_id=task_id, prefer_worker=prefer_worker):
-        task_dispatch(task_id=task_id, prefer_worker=prefer_worker)
+def _dispatch_committed(*, task_id: str, prefer_worker: str, conversation: str) -> None:
+    route = {"prefer_worker": prefer_worker, "conversation": conversation}
+    if not dispatch_sender.dispatch_sender_submit(task_id=task_id, **route):
+        task_dispatch(task_id=task_id, **route)
 
 
 def queued_tasks_sweep(*, grace_seconds: int | None = None, budget_seconds: float | None = None) -> list[str]:

@@ -11,6 +11,7 @@ from django.conf import settings
 from django.db import transaction
 
 from tasks_app import lifecycle, states
+from tasks_app.affinity import conversation_key
 from tasks_app.exceptions import (
     InvalidRequest,
     LmspError,
@@ -103,7 +104,11 @@ def task_accept(
         metadata=request.get("metadata") or {},
         notify_webhooks=notify_webhooks,
     )
-    task_dispatch_on_commit(task_id=task.id, prefer_worker=continuation.worker if continuation is not None else "")
+    task_dispatch_on_commit(
+        task_id=task.id,
+        prefer_worker=continuation.worker if continuation is not None else "",
+        conversation=conversation_key(stored_request),
+    )
     return Accepted(task, ahead + 1)
 
 

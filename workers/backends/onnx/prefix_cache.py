@@ -138,6 +138,10 @@ class PrefixCache:
         evicted, self._evicted = self._evicted, []
         return evicted
 
+    def devices(self) -> set[str]:
+        """Where the entries' tensors lie (``cpu``, ``cuda``): the CUDA proof checks they stay on the device."""
+        return {value.device_name().lower() for entry in self._entries for value in entry.past}
+
     def clear(self) -> None:
         self._entries.clear()
         self.bytes = 0
