@@ -1,7 +1,7 @@
 """A worker node's side of routing (``tasks_app.affinity``): a queue of its own, and its presence.
 
-At start (``celeryd_after_setup``, after ``--queues`` applied) the node also
-consumes ``affinity_queue(node)``, where the web sends the conversations
+At start (``celeryd_after_setup``, after ``--queues`` applied) a node that
+consumes the task queue also consumes ``affinity_queue(node)``, where the web sends the conversations
 whose previous response it ran. Once ready, a thread of the node's main
 process keeps its presence fresh every ``PRESENCE_REFRESH_SECONDS`` with the
 places it has free: a threads-pool node (the Procfile's) counts its run
@@ -19,6 +19,7 @@ import threading
 from typing import Any
 
 from celery.signals import celeryd_after_setup, worker_ready, worker_shutting_down
+from django.conf import settings
 
 from tasks_app.affinity import PRESENCE_REFRESH_SECONDS, affinity_announce, affinity_queue, affinity_withdraw
 
@@ -32,9 +33,12 @@ _stopping = threading.Event()
 @celeryd_after_setup.connect
 def _consume_own_queue(sender: str, instance: Any, **kwargs: object) -> None:
     global _node, _threads_pool
+    queues = instance.app.amqp.queues
+    if settings.LMSP_TASK_QUEUE not in queues.consume_from:
+        return  # not a task worker (the maintenance node): nothing is ever routed to it
     _node = sender
     _threads_pool = "thread" in str(getattr(instance, "pool_cls", "")).lower()
-    instance.app.amqp.queues.select_add(affinity_queue(sender))
+    queues.select_add(affinity_queue(sender))
 
 
 @worker_ready.connect
