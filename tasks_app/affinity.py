@@ -6,8 +6,8 @@ another (``previous_response_id``) starts at once on the worker that ran the
 one before it, and from scratch anywhere else. Each worker node consumes a
 queue of its own beside the shared one (``affinity_queue``: the shared name,
 ``@``, the node) and, while it is alive and has a free place, keeps its
-presence in Redis (``<prefix>:affinity:<node>``, the free places, a short
-TTL) fresh. A continued conversation's run message goes to the queue of the
+presence in Redis (``<prefix>:affinity:<task queue>:<node>``, the free
+places, a short TTL) fresh. A continued conversation's run message goes to the queue of the
 node that ran its previous response when that presence says it has room,
 and to the shared queue otherwise: a node that died, is draining or is full
 gets nothing routed to it.
@@ -17,7 +17,9 @@ known by its beginning: ``conversation_key`` hashes what a prompt starts
 with (model, instructions, tools, the first input item), which every turn
 of one conversation repeats. A worker that starts a task records its node
 under that key (``affinity_remember``, an hour's TTL), and a later request
-with the same beginning prefers that node, on the same terms. The web
+with the same beginning that carries turns before its own
+(``continues_conversation``) prefers that node, on the same terms; a first
+turn goes to the shared queue. The web
 never tokenizes: the key is over the request's items, not its tokens.
 
 Nothing here decides who runs a task: the message is a hint as every run
@@ -61,8 +63,10 @@ def affinity_queue(node: str) -> str:
     return f"{settings.LMSP_TASK_QUEUE}@{node}"
 
 
+# The keys name the task queue: a web routes only to nodes of its own queue (several queues may share one
+# Redis prefix), and a node's own queue is named from the same setting.
 def _presence(node: str) -> str:
-    return key("affinity", node)
+    return key("affinity", settings.LMSP_TASK_QUEUE, node)
 
 
 def affinity_announce(*, node: str, room: int) -> None:
@@ -94,6 +98,19 @@ def conversation_key(request: Mapping[str, Any]) -> str:
     return digest[:32]
 
 
+def continues_conversation(request: Mapping[str, Any]) -> bool:
+    """Whether ``request`` carries turns before its own (a copied context, or an echoed answer or tool
+    call): only such a request is routed by its beginning; a first turn goes to the shared queue."""
+    if request.get("context"):
+        return True
+    given = request.get("input")
+    return isinstance(given, list) and any(
+        isinstance(item, Mapping)
+        and (item.get("role") == "assistant" or item.get("type") in ("function_call", "function_call_output"))
+        for item in given
+    )
+
+
 def _item_start(item: Any) -> Any:
     """An input item as every way of sending it spells it: a string, a message with or without ``type``,
     its content a string or text parts, all come to (role, text)."""
@@ -108,7 +125,7 @@ def _item_start(item: Any) -> Any:
 
 
 def _conversation(conversation: str) -> str:
-    return key("affinity-conversation", conversation)
+    return key("affinity-conversation", settings.LMSP_TASK_QUEUE, conversation)
 
 
 def affinity_remember(*, request: Mapping[str, Any], worker: str) -> None:

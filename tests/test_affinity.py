@@ -118,10 +118,11 @@ def test_an_echoed_conversation_goes_to_the_node_that_last_ran_its_beginning(api
 
     routed = echoed()
     elsewhere = echoed(instructions="Be long.")  # another beginning: another conversation
+    first_turn_again = echoed(input="Hi")  # the same beginning, but no turn before it: not a continuation
 
     assert queued_ids(left_queue) == [routed]
-    assert queued_ids(queue) == [elsewhere]
-    redis_client().delete(f"{REDIS_PREFIX}:affinity-conversation:{conversation_key(turn_one)}")
+    assert queued_ids(queue) == [elsewhere, first_turn_again]
+    redis_client().delete(f"{REDIS_PREFIX}:affinity-conversation:{queue}:{conversation_key(turn_one)}")
 
 
 def test_every_way_of_sending_a_conversation_has_the_key_of_its_first_turn():

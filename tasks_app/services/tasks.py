@@ -11,7 +11,7 @@ from django.conf import settings
 from django.db import transaction
 
 from tasks_app import lifecycle, states
-from tasks_app.affinity import conversation_key
+from tasks_app.affinity import continues_conversation, conversation_key
 from tasks_app.exceptions import (
     InvalidRequest,
     LmspError,
@@ -107,7 +107,7 @@ def task_accept(
     task_dispatch_on_commit(
         task_id=task.id,
         prefer_worker=continuation.worker if continuation is not None else "",
-        conversation=conversation_key(stored_request),
+        conversation=conversation_key(stored_request) if continues_conversation(stored_request) else "",
     )
     return Accepted(task, ahead + 1)
 
