@@ -230,17 +230,22 @@ def webhook_post(
     kind = _CheckedHTTPSConnection if target.scheme == "https" else _CheckedHTTPConnection
     connection = kind(target, addresses, timeout)
     watchdog = _Watchdog(connection, ATTEMPT_TIMEOUTS * timeout)
+    late = f"no answer within {watchdog.seconds:g} s (3 x LMSP_WEBHOOK_TIMEOUT_SECONDS)"
     try:
         connection.request("POST", target.path, body=payload.encode("utf-8"), headers=headers)
         answer = connection.getresponse()
         preview = answer.read(ANSWER_PREVIEW_BYTES).decode("utf-8", "replace")
     except (OSError, http.client.HTTPException) as error:
         if watchdog.fired:
-            return outcome(False, None, f"no answer within {watchdog.seconds:g} s (3 x LMSP_WEBHOOK_TIMEOUT_SECONDS)")
+            return outcome(False, None, late)
         return outcome(False, None, f"{type(error).__name__}: {error}" if str(error) else type(error).__name__)
     finally:
         watchdog.cancel()
         connection.close()
+    if watchdog.fired:
+        # The shutdown ends a read as if the receiver had closed: a status line cut at "HTTP/1.1 200" and
+        # no headers still parse as a 200, so an answer the deadline cut is never taken as one.
+        return outcome(False, None, late)
     if 200 <= answer.status < 300:
         return outcome(True, answer.status, "")
     return outcome(False, answer.status, f"HTTP {answer.status} {answer.reason}: {preview}".rstrip(": "))

@@ -502,29 +502,30 @@ def test_claims_are_leased_once_fenced_and_read_through_the_due_index(make_clien
     assert_read_through("webhook_delivery_due", selects[:1])
 
 
-def test_an_attempt_ends_after_three_timeouts_however_slowly_its_receiver_answers():
-    """A receiver that sends its answer a byte at a time, each byte within the socket timeout."""
+def _post_to_a_dripping_receiver(head: bytes, drip: bytes) -> AttemptOutcome:
+    """One attempt (0.4 s timeout) to a receiver that sends ``head`` at once, then ``drip`` a byte every 0.1 s."""
     listener = socket.create_server(("127.0.0.1", 0))
     port = listener.getsockname()[1]
     stop = threading.Event()
 
-    def drip() -> None:
+    def answer() -> None:
         connection, _ = listener.accept()
         with connection:
             connection.recv(65536)
-            # At most 20 s of it, so that an attempt that never gives up fails the test instead of hanging it.
-            for byte in itertools.islice(itertools.cycle(b"HTTP/1.1 200 OK\r\nX-Slow: "), 200):
-                if stop.wait(0.1):
-                    return
-                try:
+            try:
+                connection.sendall(head)
+                # At most 20 s of it, so that an attempt that never gives up fails the test instead of hanging it.
+                for byte in itertools.islice(itertools.cycle(drip), 200):
+                    if stop.wait(0.1):
+                        return
                     connection.sendall(bytes([byte]))
-                except OSError:
-                    return  # the attempt gave up and closed its end
+            except OSError:
+                return  # the attempt gave up and closed its end
 
-    dripping = threading.Thread(target=drip, daemon=True)
-    dripping.start()
+    answering = threading.Thread(target=answer, daemon=True)
+    answering.start()
     try:
-        outcome = webhook_post(
+        return webhook_post(
             url=f"http://127.0.0.1:{port}/hooks",
             webhook_id="whmsg_slow",
             payload="{}",
@@ -534,8 +535,20 @@ def test_an_attempt_ends_after_three_timeouts_however_slowly_its_receiver_answer
         )
     finally:
         stop.set()
-        dripping.join(timeout=10)
+        answering.join(timeout=10)
         listener.close()
+
+
+def test_an_attempt_ends_after_three_timeouts_however_slowly_its_receiver_answers():
+    """A receiver that sends its answer a byte at a time, each byte within the socket timeout."""
+    outcome = _post_to_a_dripping_receiver(b"", b"HTTP/1.1 200 OK\r\nX-Slow: ")
+    assert not outcome.delivered and outcome.status_code is None
+    assert outcome.error == "no answer within 1.2 s (3 x LMSP_WEBHOOK_TIMEOUT_SECONDS)", outcome
+
+
+def test_an_answer_the_deadline_cuts_after_its_status_code_is_no_delivery():
+    """The cut ends the read as a close would: "HTTP/1.1 200 OKKK" and no headers must not pass for a 200."""
+    outcome = _post_to_a_dripping_receiver(b"HTTP/1.1 200 OK", b"K")
     assert not outcome.delivered and outcome.status_code is None
     assert outcome.error == "no answer within 1.2 s (3 x LMSP_WEBHOOK_TIMEOUT_SECONDS)", outcome
 
