@@ -15,6 +15,7 @@ import redis
 from tasks_app.models import Client, ModelRecord
 from tasks_app.services.clients import client_create
 from tasks_app.services.model_scan import model_scan
+from tests.support import flush
 from tests.support.api import ApiClient
 from tests.support.built import built_once
 from tests.support.db import database_url
@@ -52,6 +53,7 @@ def _test_process_keeps_idle_transactions() -> None:
 
 
 _test_process_keeps_idle_transactions()
+flush.install()
 # What _redis_namespace found outside the run's namespace, for the end of the report.
 _NAMESPACE_WARNINGS: list[str] = []
 
