@@ -36,6 +36,7 @@ SWEEPER_AFTER_GRACE = {"LMSP_SWEEP_INTERVAL_SECONDS": "1", "LMSP_SWEEP_GRACE_SEC
 THREADS = 8
 PER_THREAD = 10
 KILL_AFTER = 8
+LONG_TOKENS = 2000
 SMALL_TOKENS = 4
 
 
@@ -163,10 +164,12 @@ def waiting_run_messages(broker: redis.Redis, queue: str) -> list[str]:
 
 
 def test_queued_tasks_whose_messages_a_redis_restart_lost_still_run(private_stack):
-    with private_stack("redis-restart", SWEEPER, beat=True) as stack:
+    # A slowed device (tasks_app.faults): 2,000 tokens at 5 ms a model call keep the worker's one process
+    # busy for at least 10 s, however fast the machine, while Redis goes down and comes back.
+    with private_stack("redis-restart", {**SWEEPER, "LMSP_FAULT_MODEL_CALL_SECONDS": "0.005"}, beat=True) as stack:
         long_body = {
             "type": "response",
-            "input": {"model": ENDLESS_MODEL, "input": "Keep going", "max_output_tokens": 8000},
+            "input": {"model": ENDLESS_MODEL, "input": "Keep going", "max_output_tokens": LONG_TOKENS},
         }
         status, long_task = call(stack.base, "POST", "/lmsp/v1/tasks", token=stack.token, body=long_body)
         assert status == 202
@@ -214,7 +217,7 @@ def test_queued_tasks_whose_messages_a_redis_restart_lost_still_run(private_stac
     long_end = ended.pop(long_task["id"])
     assert long_end["status"] == "succeeded", long_end
     assert long_end["response"]["status"] == "incomplete"
-    assert long_end["response"]["usage"]["output_tokens"] == 8000
+    assert long_end["response"]["usage"]["output_tokens"] == LONG_TOKENS
     stored = Task.objects.get(pk=long_task["id"])
     sequence = list(
         TaskEvent.objects.filter(task=stored).order_by("sequence_number").values_list("sequence_number", flat=True)
