@@ -12,8 +12,9 @@ The same end state, cheaper: one query finds the tables that hold rows, and
 one transaction DELETEs them (Django's foreign keys are deferred to the
 commit, so the order does not matter). The content types and permissions
 that ``migrate`` wrote stay (no test changes them), so no signal has to put
-them back. ``tests/test_support_alone.py`` checks that every table is empty
-after a transactional test that wrote to all of them.
+them back. ``tests/test_support_flush.py`` checks that every table is empty
+after a transactional test that wrote to the auth, admin, session and service
+tables.
 """
 
 from __future__ import annotations
