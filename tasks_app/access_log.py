@@ -3,6 +3,9 @@
 ``GET /lmsp/v1/tasks/task_… 200 3.1ms client=4 peer=127.0.0.1:50412``:
 method, path, status, the time until the response was ready, the
 authenticated client's id (``client=-`` without one) and the peer's address.
+A refusal adds what its problem object names, so that an operator sees why
+without the client's help: ``POST /lmsp/v1/responses 400 2.0ms
+problem=unsupported_parameter param=tools[1].type client=4 …``.
 The path never carries its query string: a browser's stream token rides in
 ``?token=``. Streams (event streams, ``"stream": true``) are logged when
 their response starts, with the time to their headers, marked ``stream``;
@@ -15,17 +18,23 @@ not pushed through a thread.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
+from urllib.parse import quote
 
 from django.http import HttpRequest, HttpResponseBase
 from django.utils.encoding import escape_uri_path
 from django.utils.functional import LazyObject
 
+from tasks_app.api.problems import PROBLEM_CONTENT_TYPE
 from tasks_app.middleware_base import SyncAndAsyncMiddleware
 from tasks_app.models import Client
 
 logger = logging.getLogger("lmsp.access")
+
+# A problem's body is small; a larger one is not ours to parse on the way out.
+_PROBLEM_BODY_LIMIT = 64 * 1024
 
 
 def request_client_id(request: HttpRequest) -> int | None:
@@ -40,6 +49,33 @@ def request_client_id(request: HttpRequest) -> int | None:
     return user.pk
 
 
+def _field(value: object) -> str:
+    """A client-chosen string (a field name it sent) as one token: no space or newline can forge a line."""
+    return quote(str(value)[:120], safe="[]._-:/*")
+
+
+def problem_fields(response: HttpResponseBase) -> str:
+    """`` problem=<code> param=<field>`` for an answer that is a problem object, else ``""``."""
+    if response.status_code < 400 or response.streaming:
+        return ""
+    if not response.get("Content-Type", "").startswith(PROBLEM_CONTENT_TYPE):
+        return ""
+    content = response.content
+    if len(content) > _PROBLEM_BODY_LIMIT:
+        return ""
+    try:
+        body = json.loads(content)
+    except ValueError:
+        return ""
+    if not isinstance(body, dict):
+        return ""
+    error = body.get("error") if isinstance(body.get("error"), dict) else {}
+    fields = f" problem={_field(body.get('code') or '-')}"
+    if error.get("param"):
+        fields += f" param={_field(error['param'])}"
+    return fields
+
+
 def access_line(request: HttpRequest, response: HttpResponseBase, started: float) -> None:
     """Log the request's one access line."""
     elapsed_ms = (time.perf_counter() - started) * 1000
@@ -48,13 +84,14 @@ def access_line(request: HttpRequest, response: HttpResponseBase, started: float
         peer = f"{peer}:{request.META['REMOTE_PORT']}"
     client = request_client_id(request)
     logger.info(
-        "%s %s %d %.1fms%s client=%s peer=%s",
+        "%s %s %d %.1fms%s%s client=%s peer=%s",
         request.method,
         # Percent-encoded again: a decoded path could hold a newline or a space.
         escape_uri_path(request.path),
         response.status_code,
         elapsed_ms,
         " stream" if response.streaming else "",
+        problem_fields(response),
         "-" if client is None else client,
         peer,
     )

@@ -46,11 +46,33 @@ def test_each_request_gets_one_access_line_with_its_status_and_client_and_no_que
     assert re.fullmatch(
         rf"GET /lmsp/v1/tasks/{task['id']} 200 \d+\.\dms client={api.client.pk} peer=127\.0\.0\.1", lines[0]
     ), lines
-    assert re.fullmatch(r"GET /lmsp/v1/nothing-here 404 \d+\.\dms client=- peer=127\.0\.0\.1", lines[1]), lines
+    assert re.fullmatch(
+        r"GET /lmsp/v1/nothing-here 404 \d+\.\dms problem=not_found client=- peer=127\.0\.0\.1", lines[1]
+    ), lines
     # The query string (a stream token rides there) is in no record at all.
     assert not [record for record in caplog.records if "secret" in record.getMessage()]
     # The access line says it; Django's warning per 4xx would say it twice.
     assert not [record for record in caplog.records if record.name == "django.request"]
+
+
+def test_a_refusal_s_access_line_names_its_problem_and_the_field_at_fault(api, caplog):
+    caplog.set_level(logging.INFO, logger=ACCESS)
+
+    refused = api.post("/lmsp/v1/responses", {"model": "demo", "input": "Hi", "top_logprobs": 3})
+    invalid = api.post("/lmsp/v1/responses", {"model": "demo", "input": "Hi", "max_output_tokens": "many"})
+    # A field name is the client's text: it stays one token on the line, whatever it holds.
+    forged = api.post("/lmsp/v1/responses", {"model": "demo", "input": "Hi", "x\nGET / 200": 1})
+
+    assert [reply.status_code for reply in (refused, invalid, forged)] == [400, 400, 400]
+    lines = access_lines(caplog)
+    assert re.fullmatch(
+        rf"POST /lmsp/v1/responses 400 \d+\.\dms problem=unsupported_parameter param=top_logprobs "
+        rf"client={api.client.pk} peer=127\.0\.0\.1",
+        lines[0],
+    ), lines
+    assert " problem=invalid_request param=max_output_tokens " in lines[1], lines
+    assert " problem=invalid_request param=x%0AGET%20/%20200 " in lines[2], lines
+    assert all("\n" not in line for line in lines)
 
 
 def test_a_stream_token_in_the_url_never_reaches_the_log(db, caplog):
