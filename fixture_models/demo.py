@@ -25,14 +25,23 @@ constructed with numpy in a few seconds, not trained:
   embedding and the lm_head, so that the logits are the chain's through the
   residual stream; a token that must not follow keeps a log-probability
   below -40, one that follows nothing gets the special tokens' bias.
+* JSON: the chain also has the moves a constrained answer needs to end (a
+  word's end may close a string, a digit may end a number, a key's end may
+  start a value; see :func:`_json_moves`), and a second query head on the
+  clock's KV head senses whether a JSON mark (``{`` or ``":``) is in the
+  context (:func:`_add_json_sense`). The tokens only JSON writes (``"``,
+  ``}``, ``":``) are gated by it: in a JSON answer or a tool call a string
+  closes after some words and a number after a few digits; free text after
+  a prompt without JSON has none of those tokens.
 * The attention and MLP layers keep random weights but write only to a few
   context dimensions of their own: the lm_head reads them a little (so that
   greedy decoding takes other words after other prompts) and the EOS head
   reads them as jitter.
 * The EOS head (see ``EOS_HEAD_WEIGHT``) reads where the text is: never
   inside a word or a character, seldom at a word's end, more often after a
-  full stop, less while the answer is young (a clock: the share of special
-  tokens in the context).  A text ends by itself after some 40 to 300
+  full stop, nearly always after a ``>`` (the end of ``</tool_call>``),
+  less while the answer is young (a clock: the share of special tokens in
+  the context).  A text ends by itself after some 40 to 300
   tokens (a long prompt gets a short answer), mostly at the end of a
   sentence, the number depending on the prompt and the seed, and always by
   about the end of the head's ramp, so that a client waiting for
@@ -103,7 +112,7 @@ IR_VERSION = 8
 
 ROPE_THETA = 10000.0
 RMS_NORM_EPS = 1e-6
-MAX_POSITION_EMBEDDINGS = 8192
+MAX_POSITION_EMBEDDINGS = 32768
 
 ENDOFTEXT_TOKEN = "<|endoftext|>"
 IM_START_TOKEN = "<|im_start|>"
@@ -655,14 +664,17 @@ _FIT_QUANTUM = 2.0**-12
 # logit scales with the final norm alike; the end signal the EOS head reads;
 # padding that gives every embedding the same norm, sqrt(hidden_size), so
 # that the final RMSNorm is one fixed scale; whether the token is special and
-# the clock made of it (see _add_clock); and the context dimensions, which
-# the other attention heads and the MLPs write to.
+# the clock made of it (see _add_clock); whether the token is a JSON mark
+# and the JSON sense made of it (see _add_json_sense); and the context
+# dimensions, which the other attention heads and the MLPs write to.
 _CONST_DIM = _FIT_RANK
 _END_DIM = _FIT_RANK + 1
 _PAD_DIM = _FIT_RANK + 2
 _SPECIAL_DIM = _FIT_RANK + 3
 _CLOCK_DIM = _FIT_RANK + 4
-_CTX_START = _FIT_RANK + 5
+_JSON_MARK_DIM = _FIT_RANK + 5
+_JSON_DIM = _FIT_RANK + 6
+_CTX_START = _FIT_RANK + 7
 _FACTOR_NORM = 4.8  # the largest norm of a token's factors
 _CONST_VALUE = 2.0
 # The EOS head's mood is about EOS_MOOD_GAIN * _EOS_END_WEIGHT = 8 times a
@@ -682,6 +694,28 @@ _SENTENCE_END = 1.4
 _EOS_END_WEIGHT = 2.0
 _EOS_CLOCK_WEIGHT = 15.0
 _EOS_JITTER = 0.2
+# A token that ends a tool call's closing tag (the ">" of "</tool_call>") has this end signal: the mood
+# reaches EOS_MOOD_LIMIT there, past any handicap after the ramp's start, so that a call ends the answer
+# instead of a second one starting (a free text that writes "->" ends there too).
+_HARD_END = 2.5
+
+# JSON (see _json_moves and _add_json_sense). The chain has a few moves that only JSON needs: a word's
+# end may close a string (_JSON_QUOTE), a digit may end a number (_JSON_NUMBER_END: "}", "," and
+# _JSON_NUMBER_MORE another digit), a key's end ('":') may start a number or a string. The tokens that only
+# JSON writes ('"', "}", '":') are gated: their logits sit _JSON_GATE below the chain's unless a JSON mark ("{"
+# or '":') is in the context, which a head of layer 0 senses. So an answer held to a schema closes its
+# strings after some words and its numbers after a few digits, and free text after a prompt without
+# JSON never writes those tokens; after a prompt with JSON in it, free text gets them too.
+_JSON_QUOTE = 0.15
+_JSON_NUMBER_END = 0.3
+_JSON_NUMBER_MORE = 0.1
+_JSON_VALUE_START = 0.3
+_JSON_GATE = 40.0
+# The sensing head's score for a mark is _JSON_SENSE_SCORE * cos(theta * distance), theta RoPE's lowest
+# frequency: above 19 within some 2,000 tokens, so that one mark outweighs a 32k context; about 0
+# (nothing sensed) for marks some 5,000 to 15,000 tokens back.
+_JSON_SENSE_SCORE = 24.0
+
 # The layers' outputs are scaled to about this share of the embedding's norm:
 # enough context to vary the EOS mood and the logits with, little enough that
 # the final norm's scale hardly moves.
@@ -896,7 +930,8 @@ def _word_chain(tokenizer: Tokenizer, vocab_size: int) -> _WordChain:
     newline = corpus.newline
     newlines = sum(seen for (_, token), seen in counts.after_end.items() if token == newline)
     any_start = {**counts.spaced_starts, newline: newlines}
-    tokens = sorted({token for word in admitted for token in word} | {newline})
+    json_tokens = _json_tokens(corpus)
+    tokens = sorted({token for word in admitted for token in word} | {newline} | set(json_tokens.digits))
     rows = [
         _smoothed(counts.after_newline, counts.line_starts, vocab_size)
         if token == newline
@@ -913,7 +948,80 @@ def _word_chain(tokenizer: Tokenizer, vocab_size: int) -> _WordChain:
             for token in word:
                 usage[row_of[token]] += 1
     usage[row_of[newline]] = corpus.ids.count(newline)
-    return _WordChain(tokens=np.array([*tokens, -1]), probs=np.array(rows), can_end=can_end, usage=usage)
+    probs = np.array(rows)
+    _json_moves(probs, can_end, row_of, json_tokens, newline)
+    return _WordChain(tokens=np.array([*tokens, -1]), probs=probs, can_end=can_end, usage=usage)
+
+
+@dataclass(frozen=True)
+class _JsonTokens:
+    """The demo tokenizer's ids of JSON's punctuation and digits."""
+
+    quote: int
+    spaced_quote: int
+    colon_quote: int  # '":', a key's end
+    colon: int
+    comma: int
+    open_brace: int
+    close_brace: int
+    digits: tuple[int, ...]  # "0" to "9" and "00"
+
+    @property
+    def gated(self) -> list[int]:
+        """The tokens free text without JSON around does not write."""
+        return [self.quote, self.close_brace, self.colon_quote]
+
+    @property
+    def marks(self) -> list[int]:
+        """The tokens whose presence in the context means JSON."""
+        return [self.open_brace, self.colon_quote]
+
+
+def _json_tokens(corpus: _CorpusWords) -> _JsonTokens:
+    ids = {text: token for token, text in corpus.texts.items()}
+    return _JsonTokens(
+        quote=ids[b'"'],
+        spaced_quote=ids[b' "'],
+        colon_quote=ids[b'":'],
+        colon=ids[b":"],
+        comma=ids[b","],
+        open_brace=ids[b"{"],
+        close_brace=ids[b"}"],
+        digits=tuple(ids[text] for text in (*(str(n).encode() for n in range(10)), b"00") if text in ids),
+    )
+
+
+def _json_moves(
+    probs: np.ndarray, can_end: np.ndarray, row_of: dict[int, int], json: _JsonTokens, newline: int
+) -> None:
+    """Mix the moves JSON needs into the chain's rows (in place); see _JSON_QUOTE.
+
+    A word's end may be followed by a closing quote, not a quote's own row
+    (that would close a string before its first word). A digit's row keeps
+    its corpus moves and adds a number's end and another digit; the colons
+    add a value's start. The digits' rows that the corpus has no words for
+    start a word otherwise, as every token outside the chain does.
+    """
+    digits = [row_of[token] for token in json.digits]
+    for token in json.digits:
+        if not probs[row_of[token]].any():
+            probs[row_of[token]] = probs[-1]
+    not_closers = {row_of.get(token) for token in (json.quote, json.spaced_quote, json.colon_quote, newline)}
+    for row in range(len(probs) - 1):
+        if can_end[row] and row not in not_closers and row not in digits:
+            probs[row] *= 1 - _JSON_QUOTE
+            probs[row, json.quote] += _JSON_QUOTE
+    number_end = np.zeros(probs.shape[1])
+    number_end[[json.close_brace, json.comma]] = _JSON_NUMBER_END / 2
+    number_end[list(json.digits)] = _JSON_NUMBER_MORE / len(json.digits)
+    for row in digits:
+        probs[row] = probs[row] * (1 - _JSON_NUMBER_END - _JSON_NUMBER_MORE) + number_end
+    value_start = np.zeros(probs.shape[1])
+    value_start[list(json.digits[1:10])] = 0.5 / 9
+    value_start[json.quote] = 0.5
+    if json.colon_quote in row_of:
+        row = row_of[json.colon_quote]
+        probs[row] = probs[row] * (1 - _JSON_VALUE_START) + _JSON_VALUE_START * value_start
 
 
 def _small_matmul(x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -1014,7 +1122,9 @@ def _fitted_weights(size: DemoSize, tokenizer: Tokenizer, seed: int) -> dict[str
         return rng.standard_normal(shape) * std
 
     scale = _FACTOR_NORM / np.sqrt((rows * rows).sum(axis=1)).max()
-    texts = _corpus_words(tokenizer).texts
+    corpus = _corpus_words(tokenizer)
+    texts = corpus.texts
+    json_tokens = _json_tokens(corpus)
     ends_sentence = np.array(
         [texts.get(token, b"").rstrip().endswith((b".", b"!", b"?")) for token in range(size.vocab_size)]
     )
@@ -1023,6 +1133,8 @@ def _fitted_weights(size: DemoSize, tokenizer: Tokenizer, seed: int) -> dict[str
     embed[:, factors] = rows[row_of] * scale
     embed[:, _CONST_DIM] = _CONST_VALUE
     embed[:, _END_DIM] = np.where(chain.can_end[row_of], end_signal, _MID_WORD_END)
+    embed[[token for token, text in texts.items() if text == b">"], _END_DIM] = _HARD_END
+    embed[json_tokens.marks, _JSON_MARK_DIM] = 1.0
     embed[[tokenizer.token_to_id(token) for token in SPECIAL_TOKENS], _SPECIAL_DIM] = 1.0
     embed[:, _PAD_DIM] = np.sqrt(norm * norm - (embed * embed).sum(axis=1))
     mean_factors = chain.usage @ (rows * scale) / chain.usage.sum()
@@ -1032,6 +1144,8 @@ def _fitted_weights(size: DemoSize, tokenizer: Tokenizer, seed: int) -> dict[str
     lm_head[factors] = heads[:_FIT_RANK] / scale
     lm_head[_CONST_DIM] = heads[_FIT_RANK] / _CONST_VALUE
     lm_head[ctx] = np.where(follows, normal((ctx_dims, size.vocab_size), _CTX_LOGIT_WEIGHT), 0.0)
+    lm_head[_JSON_DIM, json_tokens.gated] = _JSON_GATE
+    lm_head[_CONST_DIM, json_tokens.gated] -= _JSON_GATE / _CONST_VALUE
     eos_ctx = normal((ctx_dims,), 1.0)
     eos_ctx /= math.sqrt((eos_ctx * eos_ctx).sum())
 
@@ -1065,6 +1179,7 @@ def _fitted_weights(size: DemoSize, tokenizer: Tokenizer, seed: int) -> dict[str
         weights[f"{p}.mlp.up_proj.weight"] = normal((h, i), 1.0 / math.sqrt(h))
         weights[f"{p}.mlp.down_proj.weight"] = down
     _add_clock(weights, size)
+    _add_json_sense(weights, size)
     weights["model.norm.weight"] = np.ones(h)
     weights["lm_head.weight"] = lm_head
     weights["lm_head.bias"] = np.where(follows, 0.0, _SPECIAL_TOKEN_LOGIT_BIAS)
@@ -1093,6 +1208,30 @@ def _add_clock(weights: dict[str, np.ndarray], size: DemoSize) -> None:
     out = weights[f"{p}.o_proj.weight"]
     out[: n_rep * d] = 0.0
     out[np.arange(n_rep) * d, _CLOCK_DIM] = 1.0 / n_rep
+
+
+def _add_json_sense(weights: dict[str, np.ndarray], size: DemoSize) -> None:
+    """Give the clock's KV head (see :func:`_add_clock`) a second query head, a JSON sense: about 1 while a
+    JSON mark is in the context, else 0.
+
+    Its query and the marks' keys lie on RoPE's slowest frequency pair, so a
+    mark's score is _JSON_SENSE_SCORE times the cosine of a small angle and
+    every other token's 0 (the clock's query head, all zeros, sees none of
+    it): the head attends to the marks whenever one is within reach, and its
+    values say whether a token is a mark. The lm_head lifts the gated tokens
+    by it.
+    """
+    d = size.head_dim
+    p = "model.layers.0.self_attn"
+    slow = d // 2 - 1  # the first of the pair (slow, slow + d / 2) that turns slowest
+    side = math.sqrt(_JSON_SENSE_SCORE * math.sqrt(d))  # the graph scales scores by 1 / sqrt(d)
+    weights[f"{p}.q_proj.bias"][d + slow] = side
+    weights[f"{p}.k_proj.weight"][_JSON_MARK_DIM, slow] = side
+    weights[f"{p}.v_proj.weight"][_JSON_MARK_DIM, 1] = 1.0
+    out = weights[f"{p}.o_proj.weight"]
+    out[d, _CLOCK_DIM] = 0.0
+    out[0, _CLOCK_DIM] = 1.0
+    out[d + 1, _JSON_DIM] = 1.0
 
 
 def _eos_handicap(positions: np.ndarray) -> np.ndarray:

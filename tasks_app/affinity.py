@@ -13,9 +13,12 @@ and to the shared queue otherwise: a node that died, is draining or is full
 gets nothing routed to it.
 
 A conversation the client echoes back (no ``previous_response_id``) is
-known by its beginning: ``conversation_key`` hashes what a prompt starts
-with (model, instructions, tools, the first input item), which every turn
-of one conversation repeats. A worker that starts a task records its node
+known by its ``prompt_cache_key`` when it sends one (OpenAI's routing hint
+for its prompt cache; Codex CLI sends its session id, so every turn of a
+session and ``codex exec resume`` name it alike), else by its beginning:
+``conversation_key`` hashes what a prompt starts with (model,
+instructions, tools, the first input item), which every turn of one
+conversation repeats. A worker that starts a task records its node
 under that key (``affinity_remember``, an hour's TTL), and a later request
 with the same beginning that carries turns before its own
 (``continues_conversation``) prefers that node, on the same terms; a first
@@ -87,7 +90,12 @@ def affinity_withdraw(*, node: str) -> None:
 
 
 def conversation_key(request: Mapping[str, Any]) -> str:
-    """What every turn of a conversation begins with, hashed ("" when it begins with nothing to key)."""
+    """What every turn of a conversation begins with, hashed ("" when it begins with nothing to key); a
+    ``prompt_cache_key`` names the conversation itself (with the model: a key is the client's own word)."""
+    cache_key = request.get("prompt_cache_key")
+    if cache_key:
+        digest = hashlib.sha256(json.dumps(["prompt_cache_key", request.get("model"), cache_key]).encode())
+        return digest.hexdigest()[:32]
     context = request.get("context") or []
     given = request.get("input")
     first = context[0] if context else (given if isinstance(given, str) else (given or [None])[0])
@@ -100,8 +108,9 @@ def conversation_key(request: Mapping[str, Any]) -> str:
 
 def continues_conversation(request: Mapping[str, Any]) -> bool:
     """Whether ``request`` carries turns before its own (a copied context, or an echoed answer or tool
-    call): only such a request is routed by its beginning; a first turn goes to the shared queue."""
-    if request.get("context"):
+    call), or one that names its conversation (``prompt_cache_key``): only such a request is routed by its
+    key; a first turn goes to the shared queue (a key no worker remembered yet routes nowhere)."""
+    if request.get("context") or request.get("prompt_cache_key"):
         return True
     given = request.get("input")
     return isinstance(given, list) and any(

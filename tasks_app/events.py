@@ -160,9 +160,15 @@ def message_closed(item_id: str, output_index: int, text: str, item_status: str)
     ]
 
 
-def call_opened(item_id: str, output_index: int, call_id: str, name: str) -> Event:
-    item = function_call_item(item_id, call_id, name, "", "in_progress")
+def call_opened(item_id: str, output_index: int, call_id: str, name: str, namespace: str = "") -> Event:
+    item = _in_namespace(function_call_item(item_id, call_id, name, "", "in_progress"), namespace)
     return Event(E.OUTPUT_ITEM_ADDED, {"output_index": output_index, "item": item})
+
+
+def _in_namespace(item: dict[str, Any], namespace: str) -> dict[str, Any]:
+    """A call of a ``namespace`` tool's function names its namespace, as OpenAI's item does (Codex CLI
+    dispatches by the pair); a top-level function's call has no such member."""
+    return {**item, "namespace": namespace} if namespace else item
 
 
 def call_arguments_delta(item_id: str, output_index: int, delta: str) -> Event:
@@ -170,10 +176,10 @@ def call_arguments_delta(item_id: str, output_index: int, delta: str) -> Event:
 
 
 def call_closed(
-    item_id: str, output_index: int, call_id: str, name: str, arguments: str, item_status: str
+    item_id: str, output_index: int, call_id: str, name: str, arguments: str, item_status: str, namespace: str = ""
 ) -> list[Event]:
     done = {"item_id": item_id, "output_index": output_index, "name": name, "arguments": arguments}
-    item = function_call_item(item_id, call_id, name, arguments, item_status)
+    item = _in_namespace(function_call_item(item_id, call_id, name, arguments, item_status), namespace)
     return [
         Event(E.FUNCTION_CALL_ARGUMENTS_DONE, done),
         Event(E.OUTPUT_ITEM_DONE, {"output_index": output_index, "item": item}),

@@ -42,12 +42,15 @@ class OutputItem:
     done: bool = False
     status: str = "in_progress"
     """As the item closed (``completed`` or ``incomplete``); ``in_progress`` while it is open."""
+    namespace: str = ""
+    """The ``namespace`` tool the called function is in ("" for a top-level function)."""
 
     def wire(self, status: str) -> dict[str, Any]:
         """The item's wire shape: its own status once closed, ``status`` while open."""
         shown = self.status if self.done else status
         if self.type == FUNCTION_CALL:
-            return function_call_item(self.id, self.call_id, self.name, self.arguments, shown)
+            item = function_call_item(self.id, self.call_id, self.name, self.arguments, shown)
+            return {**item, "namespace": self.namespace} if self.namespace else item
         return message_item(self.id, self.text, shown)
 
 
@@ -59,9 +62,17 @@ class OutputItems:
     (Mistral's 9), None for ``call_`` ids.
     """
 
-    def __init__(self, items: Sequence[OutputItem] = (), *, call_id_length: int | None = None) -> None:
+    def __init__(
+        self,
+        items: Sequence[OutputItem] = (),
+        *,
+        call_id_length: int | None = None,
+        namespaces: Mapping[str, str] | None = None,
+    ) -> None:
         self.items = list(items)
         self.call_id_length = call_id_length
+        # A namespace's function is called by its own name (tasks_app.tool_calls): its item names both.
+        self.namespaces = dict(namespaces or {})
 
     def _open(self) -> OutputItem | None:
         last = self.items[-1] if self.items else None
@@ -86,10 +97,15 @@ class OutputItems:
         """A call whose name is known: the text before it is a finished message."""
         out = self._close_open("completed")
         item = OutputItem(
-            FUNCTION_CALL, new_function_call_id(), len(self.items), call_id=new_call_id(self.call_id_length), name=name
+            FUNCTION_CALL,
+            new_function_call_id(),
+            len(self.items),
+            call_id=new_call_id(self.call_id_length),
+            name=name,
+            namespace=self.namespaces.get(name, ""),
         )
         self.items.append(item)
-        out.append(events.call_opened(item.id, item.index, item.call_id, name))
+        out.append(events.call_opened(item.id, item.index, item.call_id, name, item.namespace))
         return out
 
     def call_arguments(self, delta: str) -> list[Event]:
@@ -108,7 +124,7 @@ class OutputItems:
         out = self.call_arguments(arguments[len(item.arguments) :]) if arguments.startswith(item.arguments) else []
         item.arguments = arguments
         item.done, item.status = True, "completed"
-        out += events.call_closed(item.id, item.index, item.call_id, item.name, arguments, "completed")
+        out += events.call_closed(item.id, item.index, item.call_id, item.name, arguments, "completed", item.namespace)
         return out
 
     def finish(self, status: str) -> list[Event]:
@@ -122,7 +138,7 @@ class OutputItems:
         item.done, item.status = True, status
         if item.type == MESSAGE:
             return events.message_closed(item.id, item.index, item.text, status)
-        return events.call_closed(item.id, item.index, item.call_id, item.name, item.arguments, status)
+        return events.call_closed(item.id, item.index, item.call_id, item.name, item.arguments, status, item.namespace)
 
     def output(self, open_status: str = "completed") -> list[dict[str, Any]]:
         """The items as the response shows them; one still open gets ``open_status``."""
@@ -156,6 +172,7 @@ def fold(payloads: Iterable[str]) -> list[OutputItem]:
                 int(event["output_index"]),
                 call_id=wire.get("call_id", ""),
                 name=wire.get("name", ""),
+                namespace=wire.get("namespace", ""),
             )
         elif kind == EventType.OUTPUT_ITEM_DONE:
             item = items.get(event["item"]["id"])

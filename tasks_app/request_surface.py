@@ -18,9 +18,12 @@ from tasks_app import response_formats, tool_calls
 from tasks_app.exceptions import UnsupportedParameter
 
 # Input item types and content part types: what the chat template can carry, and OpenAI's others.
-SUPPORTED_ITEM_TYPES = ("message", "function_call", "function_call_output")
+SUPPORTED_ITEM_TYPES = ("message", "function_call", "function_call_output", "reasoning")
+# An earlier turn's reasoning, echoed back (Codex CLI replays its whole history with `store: false`): the
+# models served here have no reasoning mode, so it holds nothing of ours to render, and a reasoning model's
+# template drops earlier turns' reasoning too. Accepted and left out of the context.
+SKIPPED_ITEM_TYPES = ("reasoning",)
 REFUSED_ITEM_TYPES = (
-    "reasoning",
     "file_search_call",
     "web_search_call",
     "computer_call",
@@ -47,7 +50,11 @@ REFUSED_PART_TYPES = ("input_image", "input_file", "input_audio")
 
 # Hosted tools run on OpenAI's side; this service runs only the client's own functions.
 FUNCTION_TOOL = "function"
-REFUSED_TOOL_TYPES = (
+# Function tools grouped under a name (Codex CLI's `multi_agent_v1`): their functions are offered as any other.
+NAMESPACE_TOOL = "namespace"
+# Freeform tools whose input is text in a grammar: not built here, refused by name.
+CUSTOM_TOOL = "custom"
+HOSTED_TOOL_TYPES = (
     "web_search",
     "web_search_preview",
     "web_search_2025_08_26",
@@ -61,11 +68,17 @@ REFUSED_TOOL_TYPES = (
     "local_shell",
     "shell",
     "apply_patch",
-    "custom",
+    "tool_search",
+    "computer",
 )
+# Chat Completions has no hosted tools to offer: there every tool but a function is refused.
+REFUSED_TOOL_TYPES = (*HOSTED_TOOL_TYPES, CUSTOM_TOOL)
 TOOL_CHOICE_MODES = ("none", "auto", "required")
 
-# `include` values: every one OpenAI documents asks for an output this service does not produce.
+# `include` values. Codex CLI sends `reasoning.encrypted_content` on every request: a model without a
+# reasoning mode has no reasoning items, so there is nothing to include and nothing is withheld.
+ACCEPTED_INCLUDES = ("reasoning.encrypted_content",)
+# Every other value OpenAI documents asks for an output this service does not produce.
 REFUSED_INCLUDES = (
     "file_search_call.results",
     "web_search_call.results",
@@ -73,7 +86,6 @@ REFUSED_INCLUDES = (
     "message.input_image.image_url",
     "computer_call_output.output.image_url",
     "code_interpreter_call.outputs",
-    "reasoning.encrypted_content",
     "message.output_text.logprobs",
 )
 
@@ -96,7 +108,7 @@ def _refuse(param: str, why: str) -> UnsupportedParameter:
 
 
 def tool_type_check(tool: Any) -> None:
-    """A hosted tool (run on OpenAI's side) is refused by name; only the client's own functions run here."""
+    """Chat Completions: a hosted or custom tool is refused by name; only the client's own functions run."""
     kind = tool.get("type") if isinstance(tool, Mapping) else None
     if kind in REFUSED_TOOL_TYPES:
         # The index is added by the caller's path; the field alone names it well enough for a client.
@@ -109,7 +121,8 @@ def response_request_check(request: Mapping[str, Any]) -> None:
     _text_check(request.get("text") or {})
     response_formats.format_check(request)
     for index, value in enumerate(request.get("include") or ()):
-        raise _refuse(f"include[{index}]", f"{value!r} asks for output this service does not produce")
+        if value not in ACCEPTED_INCLUDES:
+            raise _refuse(f"include[{index}]", f"{value!r} asks for output this service does not produce")
     if request.get("top_logprobs"):
         raise _refuse("top_logprobs", "log probabilities are not returned")
     if request.get("service_tier") not in (None, *ACCEPTED_SERVICE_TIERS):
@@ -133,13 +146,32 @@ def _options_check(request: Mapping[str, Any]) -> None:
 
 
 def response_echo(request: Mapping[str, Any]) -> dict[str, Any]:
-    """The accepted fields as the response object shows them, OpenAI's defaults where the request left them."""
+    """The accepted fields as the response object shows them, OpenAI's defaults where the request left them.
+
+    Function tools as normalized: both published schemas require ``description``, ``parameters`` and
+    ``strict``; the arguments are held to the schema whatever ``strict`` says (``tool_calls``), so strict is
+    what is in force. A null the schemas refuse (``user``, ``prompt_cache_options``) is left out instead.
+    """
     text = dict(request.get("text") or {})
     text.setdefault("format", {"type": "text"})
     text.setdefault("verbosity", "medium")
+    if isinstance(text["format"], Mapping) and text["format"].get("type") == "json_schema":
+        # Open Responses requires a description and a boolean strict, where OpenAI takes a string or nothing:
+        # "" is the description the model was given; constrained decoding enforces the schema either way.
+        given = text["format"]
+        text["format"] = {
+            **given,
+            "description": given.get("description") or "",
+            "strict": given.get("strict") is not False,
+        }
     return {
         "previous_response_id": request.get("previous_response_id"),
-        "tools": request.get("tools") or [],
+        "tools": [
+            {"description": None, "parameters": None, **tool, "strict": tool.get("strict") is not False}
+            if isinstance(tool, Mapping) and tool.get("type") == FUNCTION_TOOL
+            else tool
+            for tool in request.get("tools") or []
+        ],
         "tool_choice": request.get("tool_choice") or "auto",
         "parallel_tool_calls": request.get("parallel_tool_calls", True) is not False,
         "max_tool_calls": request.get("max_tool_calls"),
@@ -149,12 +181,9 @@ def response_echo(request: Mapping[str, Any]) -> dict[str, Any]:
         "reasoning": request.get("reasoning") or {"effort": None, "summary": None},
         "service_tier": request.get("service_tier") or "default",
         "store": request.get("store", True) is not False,
-        "user": request.get("user"),
         "safety_identifier": request.get("safety_identifier"),
         "prompt_cache_key": request.get("prompt_cache_key"),
         "prompt_cache_retention": request.get("prompt_cache_retention"),
-        "prompt_cache_options": request.get("prompt_cache_options"),
         "image": request.get("image"),
-        "frequency_penalty": request.get("frequency_penalty"),
-        "presence_penalty": request.get("presence_penalty"),
+        **{key: request[key] for key in ("user", "prompt_cache_options") if request.get(key) is not None},
     }

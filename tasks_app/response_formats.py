@@ -17,6 +17,15 @@ naming the schema and the engine's reason, before anything is queued
 (:func:`format_check`), never a task that fails later or runs unconstrained.
 The JSON is compact (no whitespace between tokens): a model cannot spend its
 token budget on spaces, and the text is the same JSON an SDK's parser reads.
+
+An object schema that lists ``properties`` and leaves ``additionalProperties``
+unset is compiled as if it said ``false`` (:func:`grammar_schema`; the default
+xgrammar gives vLLM and SGLang, docs/decisions/0011): the answer still
+validates against the schema, the model only cannot invent keys past the
+ones the schema names, which is what a framework's default schema (pydantic
+without ``extra="forbid"``) means by its fields. A schema that sets
+``additionalProperties`` itself keeps it; an object with no ``properties``
+(``{"type": "object"}``, ``json_object``) still takes any keys.
 """
 
 from __future__ import annotations
@@ -48,9 +57,56 @@ def _matcher() -> Any:
     return LLMatcher
 
 
+# Keywords beside which an object's own "additionalProperties" would not mean what the schema says (a key
+# another branch or a referenced schema defines would be refused): such an object is left as it is.
+_COMBINED = ("allOf", "anyOf", "oneOf", "$ref", "unevaluatedProperties", "if", "dependentSchemas")
+# Where subschemas sit: a keyword holding one, a list of them, or a map of names to them. "not" is left
+# out on purpose: a default inside a negation would widen what the schema accepts.
+_ONE = ("items", "additionalProperties", "contains", "propertyNames", "additionalItems")
+_LIST = ("anyOf", "oneOf", "prefixItems")
+_MAP = ("properties", "patternProperties", "$defs", "definitions")
+
+
+def _closed(schema: Any, *, in_all_of: bool = False) -> Any:
+    """``schema`` with ``additionalProperties: false`` on each object that lists properties and says nothing
+    about others (see the module docstring); every other keyword kept as it is."""
+    if not isinstance(schema, Mapping):
+        return schema
+    out = {key: _closed_keyword(key, value) for key, value in schema.items()}
+    if (
+        not in_all_of
+        and isinstance(out.get("properties"), Mapping)
+        and "additionalProperties" not in out
+        and not any(key in out for key in _COMBINED)
+    ):
+        out["additionalProperties"] = False
+    return out
+
+
+def _closed_keyword(key: str, value: Any) -> Any:
+    """One keyword's value with its subschemas closed (see :func:`_closed`)."""
+    if key in _ONE and isinstance(value, Mapping):
+        return _closed(value)
+    if key in (*_LIST, "items") and isinstance(value, list):
+        return [_closed(item) for item in value]
+    if key in _MAP and isinstance(value, Mapping):
+        return {name: _closed(sub) for name, sub in value.items()}
+    if key == "allOf" and isinstance(value, list):
+        # A branch of allOf shares the object with its siblings: only what lies inside it is closed.
+        return [_closed(item, in_all_of=True) for item in value]
+    return value
+
+
+def grammar_schema(schema: Mapping[str, Any]) -> dict[str, Any]:
+    """``schema`` as the grammar engine gets it: no invented keys (:func:`_closed`) and compact JSON, whatever
+    the schema's own "x-guidance" says. The tool-call grammars compile their arguments through it too."""
+    closed = _closed(schema)
+    return {**closed, "x-guidance": {**(closed.get("x-guidance") or {}), **COMPILE_OPTIONS}}
+
+
 def _schema_grammar(text_format: Mapping[str, Any]) -> str:
     schema = text_format.get("schema") if text_format["type"] == JSON_SCHEMA else _ANY_OBJECT
-    return _matcher().grammar_from_json_schema(schema, overrides=COMPILE_OPTIONS)
+    return _matcher().grammar_from_json_schema(grammar_schema(schema), overrides=COMPILE_OPTIONS)
 
 
 def format_grammar(request: Mapping[str, Any]) -> str | None:
@@ -100,7 +156,8 @@ def format_check(request: Mapping[str, Any], *, param: str = "text.format") -> N
 def schema_problem(schema: Any) -> str | None:
     """Why the grammar engine cannot enforce ``schema`` (on one line), or None when it can."""
     try:
-        grammar = _matcher().grammar_from_json_schema(schema, overrides=COMPILE_OPTIONS)
+        compiled = grammar_schema(schema) if isinstance(schema, Mapping) else schema
+        grammar = _matcher().grammar_from_json_schema(compiled, overrides=COMPILE_OPTIONS)
         problem = _matcher().validate_grammar(grammar)
     except (ValueError, TypeError) as exc:
         problem = str(exc)

@@ -15,6 +15,13 @@ a resumed run that feeds the same text gets the same calls, in the same state.
 A call region that turns out not to be a call (no JSON object after the
 marker) before any call in it opened is message text after all; one that
 breaks after a call opened raises :class:`MalformedToolCall`.
+
+The text can end before something held is decided (:meth:`ToolCallParser.finish`).
+Cut by the token limit, what was held is dropped, never text: a marker's
+start, a call's start whose name is not complete yet (a call whose name is
+known stays open, for the caller to close as incomplete). Ended otherwise
+(the end of sequence, a stop string), a marker's start is text, as is a
+marker with nothing after it; a call that had begun is dropped.
 """
 
 from __future__ import annotations
@@ -36,7 +43,8 @@ Op = tuple[str, str]
 _WHITESPACE = " \t\r\n"
 _ARGUMENT_KEYS = ("arguments", "parameters")
 # A named call's name (and a call id after it) before its arguments' marker: longer is no call.
-_NAMED_HEAD_LIMIT = 64 + len("[CALL_ID]") + 64
+_CALL_ID = "[CALL_ID]"
+_NAMED_HEAD_LIMIT = 64 + len(_CALL_ID) + 64
 
 
 class MalformedToolCall(ValueError):
@@ -49,6 +57,19 @@ def _held_suffix(text: str, marker: str) -> int:
         if marker.startswith(text[-length:]):
             return length
     return 0
+
+
+def _may_be_named_head(head: str, marker: str) -> bool:
+    """Whether ``head`` may begin a named call: a name, perhaps ``[CALL_ID]`` and an id, then the arguments'
+    ``marker`` (not yet whole)."""
+    name, bracket, tail = head.partition("[")
+    if name and not NAME_RE.match(name):
+        return False
+    tail = bracket + tail
+    if tail.startswith(_CALL_ID):
+        _, bracket, after_id = tail[len(_CALL_ID) :].partition("[")
+        tail = bracket + after_id
+    return marker.startswith(tail) or _CALL_ID.startswith(tail)
 
 
 @dataclass
@@ -257,16 +278,35 @@ class ToolCallParser:
         self._advance(final=False)
         return self._out
 
-    def finish(self) -> list[Op]:
-        """The text ended: what was held back is decided. A call left open stays open (``call_open``)."""
+    def finish(self, *, cut: bool = False) -> list[Op]:
+        """The text ended (``cut``: by the token limit): what was held back is decided (see the module
+        docstring). A call left open stays open (``call_open``)."""
         self._out = []
-        self._advance(final=True)
-        if self._mode in ("body", "between") and not self._opened and self._region_calls == 0:
-            self._emit(TEXT, self._region + self._buffer)
-        elif self._mode == "text" and self._buffer:
+        self._advance(final=False)
+        if self._mode == "between":
+            # After a call block only whitespace and a marker's start are held: never text.
+            self._buffer = ""
+        elif self._mode == "body" and not self._opened and self._region_calls == 0:
+            if not self._region_is_call(cut=cut):
+                self._emit(TEXT, self._region + self._buffer)
+            self._buffer = ""
+        elif self._mode == "text" and cut and _held_suffix(self._buffer, self.fmt.start):
+            self._buffer = ""  # a marker's start, and the whitespace held with it
+        if not cut:
+            self._advance(final=True)
+        if self._mode == "text":
             self._emit(TEXT, self._buffer)
         self._buffer = ""
         return self._out
+
+    def _region_is_call(self, *, cut: bool) -> bool:
+        """Whether the undecided region at the end is a call's start, not text: cut by the limit, anything
+        that may still be one; ended otherwise, one that got past its marker."""
+        if self.fmt.args_marker:
+            return _may_be_named_head(self._buffer, self.fmt.args_marker) and (cut or bool(self._buffer))
+        after = self._region.lstrip(_WHITESPACE).removeprefix(self.fmt.start) + self._buffer
+        # A JSON region breaks at the first character that cannot be a call's: what is held may be one.
+        return cut or bool(after.strip(_WHITESPACE))
 
     def _emit(self, kind: str, value: str) -> None:
         if kind == TEXT and not value:

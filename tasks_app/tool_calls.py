@@ -43,6 +43,7 @@ from tasks_app.exceptions import InvalidRequest
 NONE = "none"
 AUTO = "auto"
 REQUIRED = "required"
+NAMESPACE = "namespace"
 NAME_RE = re.compile(r"^[a-zA-Z0-9_-]{1,64}\Z")
 _ANY_OBJECT: dict[str, Any] = {"type": "object"}
 
@@ -143,9 +144,44 @@ class ToolChoice:
         return None if self.parallel else 1
 
 
+def _offered(request: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any], str | None]]:
+    """Each function the request offers: its path in ``tools``, the tool, and the namespace it is in.
+
+    A ``namespace`` tool only groups functions: each is offered to the model
+    under its own name (names are unique across the request, so a call's
+    name alone says which function it is), and its call's item names the
+    ``namespace`` beside the ``name``, as OpenAI's does (Codex CLI dispatches
+    by the pair).
+    Hosted tools are not offered: the model chooses among what runs here, as
+    if it chose not to call the others.
+    """
+    offered = []
+    for index, tool in enumerate(request.get("tools") or ()):
+        kind = tool.get("type", "function")
+        if kind == "function":
+            offered.append((f"tools[{index}]", tool, None))
+        elif kind == NAMESPACE:
+            offered += [
+                (f"tools[{index}].tools[{inner}]", function, tool.get("name"))
+                for inner, function in enumerate(tool.get("tools") or ())
+                if function.get("type", "function") == "function"
+            ]
+    return offered
+
+
 def function_tools(request: Mapping[str, Any]) -> list[Mapping[str, Any]]:
-    """The stored request's function tools (``{"type": "function", "name", ...}``)."""
-    return [tool for tool in request.get("tools") or () if tool.get("type", "function") == "function"]
+    """The stored request's function tools (``{"type": "function", "name", ...}``), a namespace's included."""
+    return [tool for _, tool, _ in _offered(request)]
+
+
+def namespaces(request: Mapping[str, Any]) -> dict[str, str]:
+    """The namespace of each offered function that is in one, by the function's name."""
+    return {tool["name"]: namespace for _, tool, namespace in _offered(request) if namespace}
+
+
+def hosted_tools(request: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """The tools of types this service does not run (offered by default by agents; never shown to the model)."""
+    return [tool for tool in request.get("tools") or () if tool.get("type", "function") not in ("function", NAMESPACE)]
 
 
 def _choice_name(choice: Mapping[str, Any]) -> str | None:
@@ -173,25 +209,33 @@ def tool_choice_of(request: Mapping[str, Any]) -> ToolChoice:
 def tools_check(request: Mapping[str, Any], *, chat: bool = False) -> None:
     """Refuse, naming the field, tools and choices that cannot be enforced (before anything is queued).
 
-    Names must be unique and OpenAI-shaped; every tool's ``parameters`` must
-    compile to a grammar (a call's arguments are constrained by it); a named
-    or allowed tool must be one the request offers.
+    Names must be unique and OpenAI-shaped (a namespace's functions among
+    all the others: the model calls them by name); every tool's
+    ``parameters`` must compile to a grammar (a call's arguments are
+    constrained by it); a named or allowed tool must be one the request
+    offers; a choice that requires a call needs a function to call (a hosted
+    tool offered beside it is never called here).
     """
-    tools = function_tools(request)
+    offered = _offered(request)
     choice = request.get("tool_choice")
     choice_param = "tool_choice"
     where = ".function" if chat else ""
-    if not tools:
+    if not offered:
         if choice in (None, NONE, AUTO):
             return
+        if hosted_tools(request):
+            raise InvalidRequest(
+                "tool_choice asks for a tool call, but the request offers only hosted tools, which do not run here",
+                errors=[{"field": choice_param, "message": "requires tools that run here (hosted tools do not)"}],
+            )
         raise InvalidRequest(
             "tool_choice asks for a tool call, but the request has no tools",
             errors=[{"field": choice_param, "message": "requires tools"}],
         )
     seen: set[str] = set()
-    for index, tool in enumerate(tools):
+    for path, tool, _ in offered:
         name = tool.get("name") or ""
-        field = f"tools[{index}]{where}.name"
+        field = f"{path}{where}.name"
         if not NAME_RE.match(name):
             raise InvalidRequest(
                 f"tool name {name!r} must be 1-64 letters, digits, _ or -",
@@ -199,27 +243,37 @@ def tools_check(request: Mapping[str, Any], *, chat: bool = False) -> None:
             )
         if name in seen:
             raise InvalidRequest(
-                f"two tools are named {name!r}", errors=[{"field": field, "message": "tool names must be unique"}]
+                f"two tools are named {name!r} (a namespace's functions are called by their own names)",
+                errors=[{"field": field, "message": "tool names must be unique"}],
             )
         seen.add(name)
-        _parameters_check(tool, f"tools[{index}]{where}.parameters")
+        _parameters_check(tool, f"{path}{where}.parameters")
     if isinstance(choice, Mapping):
-        wanted = (
-            [_choice_name(tool) for tool in choice.get("tools") or ()]
-            if choice.get("type") == "allowed_tools"
-            else [_choice_name(choice)]
-        )
-        for name in wanted:
-            if name not in seen:
-                raise InvalidRequest(
-                    f"tool_choice names {name!r}, which is not among the request's tools",
-                    errors=[{"field": choice_param, "message": f"no tool named {name!r}"}],
-                )
-        if choice.get("type") == "allowed_tools" and not wanted and choice.get("mode") == REQUIRED:
+        _named_choice_check(choice, seen)
+
+
+def _named_choice_check(choice: Mapping[str, Any], offered: set[str]) -> None:
+    """A named function or ``allowed_tools`` names only functions the request offers."""
+    allowed = choice.get("type") == "allowed_tools"
+    for tool in choice.get("tools") or () if allowed else ():
+        kind = tool.get("type") if isinstance(tool, Mapping) else None
+        if kind not in (None, "function", NAMESPACE):
             raise InvalidRequest(
-                "tool_choice allowed_tools requires a call but allows no tool",
-                errors=[{"field": choice_param, "message": "allows no tool"}],
+                f"tool_choice allows {kind!r}, a hosted tool, which does not run here",
+                errors=[{"field": "tool_choice", "message": f"no tool named {kind!r} runs here (a hosted tool)"}],
             )
+    wanted = [_choice_name(tool) for tool in choice.get("tools") or ()] if allowed else [_choice_name(choice)]
+    for name in wanted:
+        if name not in offered:
+            raise InvalidRequest(
+                f"tool_choice names {name!r}, which is not among the request's tools",
+                errors=[{"field": "tool_choice", "message": f"no tool named {name!r}"}],
+            )
+    if allowed and not wanted and choice.get("mode") == REQUIRED:
+        raise InvalidRequest(
+            "tool_choice allowed_tools requires a call but allows no tool",
+            errors=[{"field": "tool_choice", "message": "allows no tool"}],
+        )
 
 
 def _parameters_check(tool: Mapping[str, Any], field: str) -> None:
@@ -379,5 +433,5 @@ def _answer_schema(text_format: Mapping[str, Any]) -> Mapping[str, Any]:
 
 
 def _compact(schema: Mapping[str, Any]) -> dict[str, Any]:
-    """``schema`` compiled as structured output compiles it (no whitespace between JSON tokens)."""
-    return {**schema, "x-guidance": {**schema.get("x-guidance", {}), **response_formats.COMPILE_OPTIONS}}
+    """``schema`` compiled as structured output compiles it (compact JSON, no invented keys)."""
+    return response_formats.grammar_schema(schema)

@@ -11,11 +11,17 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from tasks_app.request_surface import response_echo
-from tasks_app.states import TaskStatus
+from tasks_app.sampling_in_force import sampling_in_force
+from tasks_app.states import ResponseStatus, TaskStatus
 
 if TYPE_CHECKING:
     # Only types: models imports the event vocabulary, which builds these shapes.
     from tasks_app.models import Response, Task
+
+
+_FINISHED = frozenset(
+    {ResponseStatus.COMPLETED, ResponseStatus.INCOMPLETE, ResponseStatus.FAILED, ResponseStatus.CANCELLED}
+)
 
 
 def unix_seconds(value: datetime) -> int:
@@ -41,13 +47,19 @@ def response_object(response: Response, live: Live | None = None) -> dict[str, A
 
     With ``live`` (an API read) it shows the output committed so far and
     ``queue_position``; without (an event's copy) the row as it is, and null.
+    Every member OpenAI's and the Open Responses schema require is there with
+    the value in force (PROFILE.md 10.1; tests/test_response_schema.py).
     """
     request = response.request
     output = live.output if live is not None and live.output is not None else response.output
+    in_force = sampling_in_force(response.model, request)
+    finished = response.status in _FINISHED
     return {
         "id": response.id,
         "object": "response",
         "created_at": unix_seconds(response.created_at),
+        # A finished row is written for the last time as it finishes: its update time is its end.
+        "completed_at": unix_seconds(response.updated_at) if finished else None,
         "status": response.status,
         "model": response.model,
         "output": output,
@@ -56,13 +68,15 @@ def response_object(response: Response, live: Live | None = None) -> dict[str, A
         "incomplete_details": response.incomplete_details,
         "instructions": request.get("instructions"),
         "max_output_tokens": request.get("max_output_tokens"),
-        "temperature": request.get("temperature"),
-        "top_p": request.get("top_p"),
+        "temperature": in_force["temperature"],
+        "top_p": in_force["top_p"],
         # Extensions (PROFILE.md section 9): the sampling knobs transformers' generation configs set.
         "top_k": request.get("top_k"),
         "min_p": request.get("min_p"),
         "repetition_penalty": request.get("repetition_penalty"),
         **response_echo(request),
+        "presence_penalty": in_force["presence_penalty"],
+        "frequency_penalty": in_force["frequency_penalty"],
         "metadata": response.metadata,
         # Extension (PROFILE.md section 9): OpenAI's background mode.
         "background": bool(request.get("background", False)),
@@ -100,15 +114,22 @@ def error_shown(error: dict[str, Any] | None) -> dict[str, Any] | None:
     return {**error, "message": f"{error.get('code')}: {error.get('detail')}"}
 
 
-def usage_shown(usage: dict[str, Any] | None) -> dict[str, Any] | None:
-    """A stored ``usage`` as the wire shows it: rows stored before the details existed gain them."""
-    if usage is None or "input_tokens_details" in usage:
+def usage_shown(usage: dict[str, Any] | None) -> dict[str, Any]:
+    """A stored ``usage`` as the wire shows it: rows stored before the details existed gain them.
+
+    A response not yet finished has used nothing that is counted yet: zeros,
+    as OpenAI's schema wants an object where Open Responses allows null.
+    """
+    if usage is None:
+        return usage_object(0, 0)
+    if "input_tokens_details" in usage:
         return usage
     return usage_object(usage["input_tokens"], usage["output_tokens"])
 
 
 def output_text_part(text: str) -> dict[str, Any]:
-    return {"type": "output_text", "text": text, "annotations": []}
+    # OpenAI's schema requires `logprobs`; none are returned here (`top_logprobs` above 0 is refused): empty.
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
 
 
 def message_item(item_id: str, text: str | None, status: str) -> dict[str, Any]:

@@ -76,6 +76,15 @@ SPEC_REFUSALS = [
             (operation, 400, "invalid_request", {f"{prefix}tools[*]{function}.parameters": ""}),
         )
     ),
+    # A namespace's functions are offered by their own names beside every other function (docs/tools.md).
+    *(
+        refusal
+        for operation, prefix in (("POST /lmsp/v1/responses", ""), ("POST /lmsp/v1/tasks", "input."))
+        for refusal in (
+            (operation, 400, "invalid_request", {f"{prefix}tools[*].tools[*].name": "tool names must be unique"}),
+            (operation, 400, "invalid_request", {f"{prefix}tools[*].tools[*].parameters": ""}),
+        )
+    ),
     # A chat allowed_tools choice is free-form in the schema (OpenAI's shape nests it once more).
     ("POST /lmsp/v1/chat/completions", 400, "invalid_request", {"tool_choice.allowed_tools": "malformed"}),
     # Two token limits that disagree (PROFILE.md 10.3): a rule across two fields.

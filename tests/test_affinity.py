@@ -125,6 +125,25 @@ def test_an_echoed_conversation_goes_to_the_node_that_last_ran_its_beginning(api
     redis_client().delete(f"{REDIS_PREFIX}:affinity-conversation:{queue}:{conversation_key(turn_one)}")
 
 
+def test_a_prompt_cache_key_routes_its_requests_to_the_node_that_last_ran_one(api, queue, left_queue):
+    """Codex CLI names its session in ``prompt_cache_key``, its history changing each turn: the key routes."""
+    keyed = {"model": "demo", "input": "Hi", "prompt_cache_key": "session-7"}
+    affinity_remember(request=keyed, worker=f"{LEFT}/4242")
+    affinity_announce(node=LEFT, room=1)
+
+    def sent(**changes: Any) -> str:
+        reply = api.post("/lmsp/v1/responses", {**keyed, "background": True, **changes})
+        assert reply.status_code == 200, reply.content
+        return Task.objects.get(response_id=reply.json()["id"]).pk
+
+    routed = sent(instructions="Another beginning, the same session.")
+    other_key = sent(prompt_cache_key="session-8")
+
+    assert queued_ids(left_queue) == [routed]
+    assert queued_ids(queue) == [other_key]
+    redis_client().delete(f"{REDIS_PREFIX}:affinity-conversation:{queue}:{conversation_key(keyed)}")
+
+
 def test_every_way_of_sending_a_conversation_has_the_key_of_its_first_turn():
     first = {"model": "demo", "instructions": "Be brief.", "input": "Hi"}
     key = conversation_key(first)

@@ -308,9 +308,9 @@ def test_bad_message_items(api, items, field):
             [{"role": "user", "content": [{"type": "input_text", "text": "a"}, {"type": "input_audio", "text": "b"}]}],
             "input.input[0].content[1].type",
         ),
-        ([{"role": "user", "content": "a"}, {"type": "reasoning", "summary": []}], "input.input[1].type"),
+        ([{"role": "user", "content": "a"}, {"type": "web_search_call", "action": {}}], "input.input[1].type"),
     ],
-    ids=["image-part", "second-part-audio", "reasoning-item"],
+    ids=["image-part", "second-part-audio", "web_search_call-item"],
 )
 def test_input_openai_has_but_this_service_cannot_read_is_refused_by_name(api, items, param):
     """PROFILE.md 10.1: image, file and audio parts and hosted items are OpenAI's, refused as unsupported."""

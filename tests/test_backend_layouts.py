@@ -168,7 +168,7 @@ def test_greedy_tokens_with_the_whole_prompt_in_one_call_equal_the_reference(
     assert generation.prompt_tokens == case["prompt_tokens"]
     assert generation.output_tokens == case["output_tokens"]
     assert generation.finish_reason == (FINISH_EOS if case["ended_on_eos"] else FINISH_LENGTH)
-    assert generation.text() == case["text"]
+    assert generation.text() == case["shown_text"]
 
 
 @pytest.mark.parametrize(("key", "index"), CASES)

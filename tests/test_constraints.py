@@ -213,3 +213,46 @@ def test_a_finished_grammar_allows_only_the_end_and_a_dead_end_fails(demo: OnnxM
         fresh.masked(np.full(demo.vocab_size, -np.inf, dtype=np.float32))
     with pytest.raises(GenerationError, match="rejected token"):
         fresh.consume(demo.tokenizer.token_to_id("a"))
+
+
+PERSON = {
+    "type": "object",
+    "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+    "required": ["name", "age"],
+}
+
+
+def _takes(demo: OnnxModel, schema: dict[str, Any], text: str) -> bool:
+    """Whether the grammar the service compiles for ``schema`` takes the whole of ``text``."""
+    constraint = OutputConstraint(demo.constraint_tokenizer(), grammar_of(schema))
+    try:
+        for token in demo.tokenizer.encode(text, add_special_tokens=False).ids:
+            constraint.consume(token)
+    except GenerationError:
+        return False
+    return constraint.matcher.is_accepting()
+
+
+@pytest.mark.parametrize(
+    ("schema", "extra_key"),
+    [
+        pytest.param(PERSON, False, id="unset: only its keys (decision 0011)"),
+        pytest.param({**PERSON, "additionalProperties": True}, True, id="true: any keys"),
+        pytest.param({**PERSON, "additionalProperties": {"type": "integer"}}, True, id="a schema: keys of it"),
+        pytest.param({"type": "object"}, True, id="no properties: any keys"),
+        pytest.param({"allOf": [PERSON]}, True, id="an allOf branch: left as it says"),
+    ],
+)
+def test_an_object_takes_keys_it_does_not_name_only_where_the_schema_says_so(
+    demo: OnnxModel, schema: dict[str, Any], extra_key: bool
+) -> None:
+    assert (
+        _takes(
+            demo,
+            {"type": "object", "properties": {"p": schema}, "required": ["p"]},
+            '{"p":{"name":"Al","age":3,"x":4}}',
+        )
+        is extra_key
+    )
+    if "properties" in schema:
+        assert _takes(demo, schema, '{"name":"Al","age":3}')

@@ -7,6 +7,7 @@ import logging
 import re
 from datetime import timedelta
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from asgiref.sync import async_to_sync
@@ -18,7 +19,7 @@ from tasks_app.models import Task
 from tasks_app.notify import key, redis_client
 from tests.support.db import database_url
 from tests.support.namespace import REDIS_PREFIX
-from tests.support.tasks import create
+from tests.support.tasks import create, wait_for_status
 from tests.support.waiting import wait_until
 from tests.support.worker import celery_worker
 
@@ -124,3 +125,47 @@ def test_a_maintenance_round_that_does_nothing_logs_nothing_at_info(api, transac
         Task.objects.filter(pk=waiting).update(updated_at=timezone.now() - timedelta(seconds=60))
         node.wait_for_log(f"sweeper re-dispatched 1 waiting task(s): {waiting}")
         assert not ROUTINE.findall(node.log()), node.log()[-3000:]
+
+
+# --------------------------------------------------------------------------- #
+# The worker's log (issue 41): a client's problem is one line, a fault its traceback
+# --------------------------------------------------------------------------- #
+
+
+def test_a_prompt_over_the_context_is_one_line_in_the_worker_log_not_a_traceback(api, running_worker):
+    context_length = api.get("/lmsp/v1/models/demo").json()["context_length"]
+    task = create(api, "word " * context_length, max_output_tokens=5)
+    done = wait_for_status(api, task["id"], {"succeeded", "failed", "cancelled"})
+    assert (done["status"], done["error"]["code"]) == ("failed", "context_length_exceeded")
+
+    line = f"task {task['id']} failed: context_length_exceeded: {done['error']['detail']}"
+    running_worker.wait_for_log(line)
+    log = running_worker.log()
+    # From the claim to the failure: that one line, at INFO, and no traceback or error line.
+    run = log[log.index(f"task {task['id']} claimed") : log.index(line)]
+    assert "Traceback" not in run and " ERROR " not in run and " WARNING " not in run, run
+    assert f" INFO workers.execution: {line}" in log
+
+
+@pytest.mark.database_free
+def test_a_runs_fault_keeps_its_traceback_and_a_clients_problem_does_not(monkeypatch, caplog):
+    """What the worker logs as it fails a task, for each kind of error its run raises (the failing
+    commit itself is replaced: what is logged before it is under test)."""
+    from workers import execution
+    from workers.backends.errors import ContextTooLong, PromptRejected
+
+    monkeypatch.setattr(execution, "_fail", lambda run, problem, sources: problem["code"])
+    run = SimpleNamespace(task_id="task_01J00000000000000000000000")
+    caplog.set_level(logging.INFO, logger="workers.execution")
+
+    for client_error in (ContextTooLong("the prompt has 9 tokens"), PromptRejected("the template rejects it")):
+        assert execution._failed_by(run, client_error, sources=[]) in ("context_length_exceeded", "invalid_request")
+    assert not caplog.records
+
+    try:
+        raise RuntimeError("a bug")
+    except RuntimeError as exc:
+        assert execution._failed_by(run, exc, sources=[]) == "backend_error"
+    (record,) = caplog.records
+    assert record.levelno == logging.ERROR and record.exc_info is not None
+    assert record.getMessage() == f"task {run.task_id}: backend error" and "a bug" in str(record.exc_info[1])

@@ -137,7 +137,7 @@ def output_text(response: dict[str, Any]) -> str:
 
 def assert_matches(response: dict[str, Any], expected: dict[str, Any], worker: WorkerProcess) -> None:
     assert response["status"] == ("completed" if expected["ended_on_eos"] else "incomplete"), worker.log()[-3000:]
-    assert output_text(response) == expected["text"]
+    assert output_text(response) == expected["shown_text"]
     # The worker's prefix cache may hold the prompt's start (the same case ran before on this worker):
     # the text above is the reference's all the same, and one prompt token at least is computed.
     cached = response["usage"]["input_tokens_details"]["cached_tokens"]
@@ -181,7 +181,7 @@ def test_a_task_streams_the_reference_text_and_ends_with_its_usage(whole_prompt_
         events = [event.payload for event in stream.all()]
     expected = reference(name, 1, chunked=False)
     assert [e["sequence_number"] for e in events] == list(range(len(events)))
-    assert "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta") == expected["text"]
+    assert "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta") == expected["shown_text"]
     assert_matches(events[-1]["response"], expected, whole_prompt_stack.worker)
 
 

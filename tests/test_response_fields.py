@@ -49,6 +49,26 @@ FUNCTION_TOOL = {
 
 BARE_FUNCTION_TOOL = {"type": "function", "name": "get_time", "parameters": {"type": "object", "properties": {}}}
 
+NAMESPACE_TOOL = {
+    "type": "namespace",
+    "name": "agents",
+    "description": "Sub-agents.",
+    "tools": [{"type": "function", "name": "spawn_agent", "parameters": {"type": "object", "properties": {}}}],
+}
+
+HOSTED_TOOLS = [
+    {"type": "web_search"},
+    {"type": "web_search_preview"},
+    {"type": "file_search", "vector_store_ids": ["vs_1"]},
+    {"type": "code_interpreter", "container": {"type": "auto"}},
+    {"type": "computer_use_preview", "display_width": 1024, "display_height": 768, "environment": "browser"},
+    {"type": "image_generation"},
+    {"type": "mcp", "server_label": "deepwiki", "server_url": "https://mcp.deepwiki.com/mcp"},
+    {"type": "local_shell"},
+    {"type": "shell"},
+    {"type": "apply_patch"},
+]
+
 
 def counts() -> tuple[int, int, int, int]:
     return (Task.objects.count(), Response.objects.count(), TaskEvent.objects.count(), IdempotencyKey.objects.count())
@@ -326,10 +346,16 @@ ECHOED = [
         "tools-function-with-tool_choice-none",
     ),
     # Items of one list with different keys: each item's own fields count, not the first one's.
+    # A function tool as normalized: what both published schemas require filled in (PROFILE.md 10.1).
     case(
         {"tools": [BARE_FUNCTION_TOOL, FUNCTION_TOOL], "tool_choice": "none"},
-        {"tools": [BARE_FUNCTION_TOOL, FUNCTION_TOOL], "tool_choice": "none"},
+        {"tools": [{**BARE_FUNCTION_TOOL, "description": None, "strict": True}, FUNCTION_TOOL], "tool_choice": "none"},
         "tools-items-with-different-keys",
+    ),
+    case(
+        {"tools": [{**BARE_FUNCTION_TOOL, "strict": False}]},
+        {"tools": [{**BARE_FUNCTION_TOOL, "description": None, "strict": False}]},
+        "tools-function-strict-false",
     ),
     case({"tool_choice": "auto"}, {"tool_choice": "auto", "tools": []}, "tool_choice-auto-without-tools"),
     # Implemented (tests/test_tool_calls.py): echoed as sent.
@@ -364,7 +390,13 @@ ECHOED = [
         {"text": {"format": {"type": "json_schema", "name": "answer", "schema": {"type": "object"}, "strict": True}}},
         {
             "text": {
-                "format": {"type": "json_schema", "name": "answer", "schema": {"type": "object"}, "strict": True},
+                "format": {
+                    "type": "json_schema",
+                    "name": "answer",
+                    "schema": {"type": "object"},
+                    "strict": True,
+                    "description": "",
+                },
                 "verbosity": "medium",
             }
         },
@@ -415,6 +447,12 @@ ECHOED = [
     case({"instructions": "Be brief."}, {"instructions": "Be brief."}, "instructions"),
     case({"max_output_tokens": 7}, {"max_output_tokens": 7}, "max_output_tokens"),
     case({"temperature": 0.25, "top_p": 0.5}, {"temperature": 0.25, "top_p": 0.5}, "temperature-top_p"),
+    # Left unset: the values in force, the demo model's generation config setting none (PROFILE.md 10.1).
+    case(
+        {},
+        {"temperature": 1.0, "top_p": 1.0, "frequency_penalty": 0.0, "presence_penalty": 0.0, "completed_at": None},
+        "sampling-in-force",
+    ),
     case({"top_k": 9, "min_p": 0.1}, {"top_k": 9, "min_p": 0.1}, "top_k-min_p"),
     case({"repetition_penalty": 1.2}, {"repetition_penalty": 1.2}, "repetition_penalty"),
     case(
@@ -423,6 +461,27 @@ ECHOED = [
         "frequency_penalty-presence_penalty",
     ),
     case({"metadata": {"run": "7", "who": "tests"}}, {"metadata": {"run": "7", "who": "tests"}}, "metadata"),
+    # What Codex CLI sends on every request (PROFILE.md 10.1): hosted tools offered under auto or none are
+    # echoed and never shown to the model; a namespace's functions are offered like any other.
+    *[
+        case({"tools": [tool], "tool_choice": choice}, {"tools": [tool], "tool_choice": choice}, f"{kind}-{choice}")
+        for tool in HOSTED_TOOLS
+        for kind in [tool["type"]]
+        for choice in ("auto", "none")
+    ],
+    case(
+        {"tools": [FUNCTION_TOOL, NAMESPACE_TOOL, {"type": "web_search", "external_web_access": False}]},
+        {"tools": [FUNCTION_TOOL, NAMESPACE_TOOL, {"type": "web_search", "external_web_access": False}]},
+        "codex-tool-set",
+    ),
+    case(
+        {"tools": [FUNCTION_TOOL, {"type": "web_search"}], "tool_choice": "required"},
+        {"tools": [FUNCTION_TOOL, {"type": "web_search"}], "tool_choice": "required"},
+        "required-with-a-function-beside-a-hosted-tool",
+    ),
+    # OpenAI's response object has no `include` or `client_metadata`: accepted, with nothing to echo them in.
+    case({"include": ["reasoning.encrypted_content"]}, {}, "include-reasoning-encrypted_content"),
+    case({"client_metadata": {"session_id": "s-1"}}, {"client_metadata": None}, "client_metadata-not-echoed"),
 ]
 
 
@@ -521,6 +580,63 @@ def test_input_items_as_the_sdks_send_them_are_accepted(api, queue, items):
     assert not any({"id", "status"} & set(item) for item in stored_input)
 
 
+def test_a_replayed_history_of_codex_is_accepted_and_its_reasoning_left_out(api, queue):
+    """Codex CLI resends its whole history (store: false): reasoning items echoed back hold nothing for a
+    model without a reasoning mode and are left out; a namespace function's call comes with its namespace."""
+    items = [
+        {"role": "user", "content": "Hi"},
+        {"type": "reasoning", "id": "rs_1", "summary": [], "content": None, "encrypted_content": "gAAAA"},
+        {"type": "function_call", "name": "spawn_agent", "namespace": "agents", "arguments": "{}", "call_id": "c1"},
+        {"type": "function_call_output", "call_id": "c1", "output": "spawned"},
+    ]
+    fields = {"tools": [NAMESPACE_TOOL], "client_metadata": {"session_id": "s-1"}, "store": False}
+
+    body = {**BASE, **fields, "input": items, "include": ["reasoning.encrypted_content"]}
+
+    reply = api.post(TASKS, {"type": "response", "input": body})
+
+    assert reply.status_code == 202, reply.content
+    response_id = reply.json()["response_id"]
+    assert "client_metadata" not in api.get(f"{RESPONSES}/{response_id}").json()
+    request = Response.objects.get(pk=response_id).request
+    assert [item.get("type", "message") for item in request["input"]] == [
+        "message",
+        "function_call",
+        "function_call_output",
+    ]
+    # Stored with the response, as OpenAI keeps it, though never echoed.
+    assert request["client_metadata"] == {"session_id": "s-1"}
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"tools": [{"type": "web_search"}], "tool_choice": "required"}, "tool_choice"),
+        (
+            {
+                "tools": [{"type": "web_search"}],
+                "tool_choice": {"type": "allowed_tools", "mode": "auto", "tools": [{"type": "web_search"}]},
+            },
+            "tool_choice",
+        ),
+        ({"input": [{"type": "reasoning", "summary": []}]}, "input"),
+        (
+            {"tools": [FUNCTION_TOOL, {**NAMESPACE_TOOL, "tools": [{**FUNCTION_TOOL, "description": "again"}]}]},
+            "tools[1].tools[0].name",
+        ),
+    ],
+    ids=["required-hosted-only", "allowed-hosted", "reasoning-only", "namespace-name-twice"],
+)
+def test_what_no_runnable_tool_or_item_can_answer_is_refused_naming_the_field(api, queue, fields, param):
+    before = counts()
+
+    reply = api.post(RESPONSES, {**BASE, **fields, "background": True})
+
+    problem = assert_problem(reply, 400, "invalid_request")
+    assert (problem["error"]["param"], [error["field"] for error in problem["errors"]]) == (param, [param])
+    assert counts() == before
+
+
 def test_on_restart_is_the_background_tasks_policy(api, queue):
     reply = api.post(RESPONSES, {**BASE, "background": True, "on_restart": "resume"})
 
@@ -532,33 +648,21 @@ def test_on_restart_is_the_background_tasks_policy(api, queue):
 # Refused by name: 400 unsupported_parameter, nothing written
 # --------------------------------------------------------------------------- #
 
-HOSTED_TOOLS = [
-    {"type": "web_search"},
-    {"type": "web_search_preview"},
-    {"type": "file_search", "vector_store_ids": ["vs_1"]},
-    {"type": "code_interpreter", "container": {"type": "auto"}},
-    {"type": "computer_use_preview", "display_width": 1024, "display_height": 768, "environment": "browser"},
-    {"type": "image_generation"},
-    {"type": "mcp", "server_label": "deepwiki", "server_url": "https://mcp.deepwiki.com/mcp"},
-    {"type": "local_shell"},
-    {"type": "shell"},
-    {"type": "apply_patch"},
-    {"type": "custom", "name": "grammar_tool"},
-]
-
-# A hosted tool is named by `tools` or by a path inside it (`tools[0].type`): the `*`.
-HOSTED = "tools*"
-
 REFUSED = [
-    *[pytest.param({"tools": [tool]}, HOSTED, id=f"tools-hosted-{tool['type']}") for tool in HOSTED_TOOLS],
+    # Freeform grammar tools are not built: refused by name, alone or inside a namespace.
+    pytest.param({"tools": [{"type": "custom", "name": "grammar_tool"}]}, "tools[0].type", id="tools-custom"),
     pytest.param(
-        {"tools": [FUNCTION_TOOL, {"type": "web_search"}], "tool_choice": "none"}, HOSTED, id="tools-hosted-second"
+        {"tools": [{**NAMESPACE_TOOL, "tools": [{"type": "custom", "name": "grammar_tool"}]}]},
+        "tools[0].tools[0].type",
+        id="tools-namespace-custom",
     ),
     pytest.param({"tool_choice": {"type": "web_search_preview"}}, "tool_choice", id="tool_choice-hosted"),
     pytest.param({"text": {"verbosity": "low"}}, "text.verbosity", id="text-verbosity-low"),
     pytest.param({"text": {"verbosity": "high"}}, "text.verbosity", id="text-verbosity-high"),
     pytest.param({"include": ["message.output_text.logprobs"]}, "include[0]", id="include-logprobs"),
-    pytest.param({"include": ["reasoning.encrypted_content"]}, "include[0]", id="include-reasoning"),
+    pytest.param(
+        {"include": ["reasoning.encrypted_content", "file_search_call.results"]}, "include[1]", id="include-second"
+    ),
     pytest.param({"include": ["web_search_call.action.sources"]}, "include[0]", id="include-web_search"),
     pytest.param({"include": ["no.such.thing"]}, "include[0]", id="include-unknown"),
     pytest.param({"top_logprobs": 3}, "top_logprobs", id="top_logprobs-3"),
@@ -585,11 +689,6 @@ REFUSED = [
     ),
     pytest.param(
         {"image": {"context_compression": "enabled"}}, "image.context_compression", id="image-context_compression"
-    ),
-    pytest.param(
-        {"input": [{"type": "reasoning", "id": "rs_1", "summary": []}, {"role": "user", "content": "Hi"}]},
-        "input[0].type",
-        id="input-reasoning-item",
     ),
     pytest.param(
         {

@@ -26,8 +26,8 @@ from tasks_app.tool_call_parser import (
 from tasks_app.tool_calls import FORMATS, tool_format_of_template
 
 
-def read(family: str, text: str, *, seed: int | None = None, max_calls: int | None = None):
-    """The ops a text gives (joined per kind), and whether a call was left open."""
+def read(family: str, text: str, *, seed: int | None = None, max_calls: int | None = None, cut: bool = False):
+    """The ops a text gives (joined per kind), and whether a call was left open (``cut``: by the token limit)."""
     parser = ToolCallParser(FORMATS[family], max_calls=max_calls)
     rng = random.Random(seed)
     ops = []
@@ -36,7 +36,7 @@ def read(family: str, text: str, *, seed: int | None = None, max_calls: int | No
         size = rng.randint(1, 5) if seed is not None else len(text)
         ops += parser.feed(text[at : at + size])
         at += size
-    ops += parser.finish()
+    ops += parser.finish(cut=cut)
     joined: list[tuple[str, str]] = []
     for kind, value in ops:
         if joined and joined[-1][0] == kind and kind in (TEXT, CALL_ARGUMENTS):
@@ -185,6 +185,89 @@ def test_a_call_cut_by_the_end_of_the_output_is_left_open():
     ops, left_open = read("hermes", '<tool_call>\n{"name": "get_time", "arguments": {"zone": "Eur')
     assert left_open
     assert ops == [(CALL_START, "get_time"), (CALL_ARGUMENTS, '{"zone": "Eur')]
+
+
+def _arguments_per_call(ops) -> list[str]:
+    out: list[str] = []
+    for kind, value in ops:
+        if kind == CALL_START:
+            out.append("")
+        elif kind == CALL_ARGUMENTS:
+            out[-1] += value
+    return out
+
+
+CALL_CASES = [(family, *case) for family, cases in CASES.items() for case in cases if case[1]]
+
+
+@pytest.mark.parametrize(
+    ("family", "text", "expected", "before"),
+    CALL_CASES,
+    ids=[f"{family}-{i}" for i, (family, *_) in enumerate(CALL_CASES)],
+)
+def test_a_text_cut_by_the_limit_anywhere_shows_no_part_of_a_call_as_text(family, text, expected, before):
+    """Every format, cut after every character (a marker split across pieces, a name half written): the text
+    shown is the message's, never a marker's or a call's; the calls are the whole reading's, the last one
+    perhaps open."""
+    whole, _ = read(family, text)
+    names = [value for kind, value in whole if kind == CALL_START]
+    ends = [value for kind, value in whole if kind == CALL_END]
+    arguments = _arguments_per_call(whole)
+    for at in range(len(text)):
+        ops, left_open = read(family, text[:at], seed=at, cut=True)
+        shown = "".join(value for kind, value in ops if kind == TEXT)
+        where = (at, text[:at], shown)
+        assert before.startswith(shown.rstrip(" \n")), where
+        started = [value for kind, value in ops if kind == CALL_START]
+        ended = [value for kind, value in ops if kind == CALL_END]
+        assert started == names[: len(started)] and ended == ends[: len(ended)], where
+        assert left_open == (len(started) > len(ended)), where
+        if left_open:
+            assert arguments[len(started) - 1].startswith(_arguments_per_call(ops)[-1]), where
+
+
+@pytest.mark.parametrize(
+    ("family", "text", "cut", "ended"),
+    [
+        # A marker's start: dropped when the limit cut it, text when the model ended there.
+        ("hermes", "Hello <tool", "Hello", "Hello <tool"),
+        ("hermes", "Hello <tool_call>", "Hello", "Hello <tool_call>"),
+        ("mistral_args", "Sure [TOOL_CA", "Sure", "Sure [TOOL_CA"),
+        # Whitespace held before a marker that never came is text.
+        ("hermes", "Hello \n", "Hello \n", "Hello \n"),
+        # A call begun (the name not complete): never text.
+        ("hermes", 'Hi <tool_call>\n{"name": "get_we', "Hi", "Hi"),
+        ("generic", '<tool_call>{"na', "", ""),
+        ("mistral", '[TOOL_CALLS][{"name": "get', "", ""),
+        ("mistral_args", "[TOOL_CALLS]get_we", "", ""),
+        ("mistral_args", "[TOOL_CALLS]get_time[CALL_", "", ""),
+        ("llama3_json", '{"name": "get', "", ""),
+        ("llama3_json", "<|python_tag|>", "", "<|python_tag|>"),
+        ("phi4_mini", "<|tool_call|>[", "", ""),
+        ("functools", "functools[{", "", ""),
+        # A region that cannot be a call any more is text, cut or not.
+        ("mistral_args", "What [TOOL_CALLS] means is", "What [TOOL_CALLS] means is", "What [TOOL_CALLS] means is"),
+        # After a call: the end marker's start, or the next call's, is never text.
+        ("hermes", '<tool_call>{"name": "a", "arguments": {}}</tool_', "", ""),
+        ("hermes", '<tool_call>{"name": "a", "arguments": {}}</tool_call>\n<tool_c', "", ""),
+    ],
+)
+def test_what_is_held_at_the_end_is_dropped_if_cut_and_text_only_if_it_is_no_call(family, text, cut, ended):
+    for seed in (None, 1, 2, 3):
+        for by_limit, expected in ((True, cut), (False, ended)):
+            ops, left_open = read(family, text, seed=seed, cut=by_limit)
+            assert not left_open
+            assert "".join(value for kind, value in ops if kind == TEXT) == expected, (seed, by_limit)
+
+
+def test_a_held_marker_start_that_turns_out_to_be_text_is_released_whole():
+    parser = ToolCallParser(FORMATS["generic"])
+    assert parser.feed("a <") == [(TEXT, "a")]
+    assert parser.feed("too") == []
+    assert parser.feed("lbox") == [(TEXT, " <toolbox")]
+    assert parser.feed(" <tool_call") == []
+    assert parser.feed("s>") == [(TEXT, " <tool_calls>")]
+    assert parser.finish(cut=True) == []
 
 
 @pytest.mark.parametrize(

@@ -341,6 +341,35 @@ def test_a_streamed_call_sends_its_arguments_as_they_are_written(sdk, family_mod
     assert kinds.index("response.function_call_arguments.done") < kinds.index("response.output_item.done")
 
 
+def test_a_namespace_functions_call_names_its_namespace_and_hosted_tools_stay_unshown(sdk, family_models):
+    """As Codex CLI offers its tools (PROFILE.md 10.1): a namespace of functions beside a hosted tool."""
+    tools = [
+        {"type": "namespace", "name": "clock", "description": "Time tools.", "tools": [TOOLS[1]]},
+        {"type": "web_search"},
+    ]
+    with sdk.responses.stream(
+        model=family_models["qwen2.5"],
+        input=PROMPT,
+        tools=tools,
+        tool_choice="required",
+        parallel_tool_calls=False,
+        max_output_tokens=200,
+    ) as stream:
+        items = [
+            event.item for event in stream if event.type in ("response.output_item.added", "response.output_item.done")
+        ]
+        final = stream.get_final_response()
+
+    assert final.status == "completed"
+    (call,) = final.output
+    # Called by its own name; the item names the namespace beside it, as the events did.
+    assert (call.name, call.namespace) == ("get_time", "clock")
+    jsonschema.validate(json.loads(call.arguments), TIME_PARAMETERS)
+    assert [(item.name, item.namespace) for item in items] == [("get_time", "clock")] * 2
+    # Both echoed; the one call a required choice allows is the function's: the hosted tool is never called.
+    assert [tool.type for tool in final.tools] == ["namespace", "web_search"]
+
+
 def test_chat_completions_return_tool_calls(sdk, family_models):
     completion = sdk.chat.completions.create(
         model=family_models["llama3.1"],

@@ -259,9 +259,14 @@ def test_a_model_that_fails_to_load_fails_the_task_and_the_worker_goes_on(
         shutil.rmtree(broken)
 
 
+def over_the_context(api) -> str:
+    """A prompt of more tokens than the demo model's context holds (a word is at least a token)."""
+    return "word " * (api.get("/lmsp/v1/models/demo").json()["context_length"] + 800)
+
+
 def test_a_prompt_longer_than_the_context_fails_with_context_length_exceeded(api, running_worker):
     # PROFILE.md 10.1: without `truncation: auto` an overflow is the client's context_length_exceeded.
-    task = create(api, "word " * 9000, max_output_tokens=5)
+    task = create(api, over_the_context(api), max_output_tokens=5)
 
     done = wait_for_status(api, task["id"], TERMINAL)
 
@@ -276,7 +281,7 @@ def test_a_prompt_longer_than_the_context_fails_with_context_length_exceeded(api
 
 def test_a_foreground_response_longer_than_the_context_is_answered_as_its_stored_failed_response(api, running_worker):
     # docs/api.md: the web app has no tokenizer, so the response exists by the time the worker finds the overflow.
-    reply = api.post("/lmsp/v1/responses", {"model": "demo", "input": "word " * 9000, "max_output_tokens": 5})
+    reply = api.post("/lmsp/v1/responses", {"model": "demo", "input": over_the_context(api), "max_output_tokens": 5})
 
     assert reply.status_code == 200, reply.content
     body = reply.json()

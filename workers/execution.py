@@ -257,8 +257,11 @@ class _ToolRun:
         self._apply(self.parser.feed(raw))
 
     def end(self, *, incomplete: bool) -> None:
-        """The generation ended: what the parser held is decided, and the item still open closes."""
-        self._apply(self.parser.finish())
+        """The generation ended: what the parser held is decided, and the item still open closes.
+
+        Cut by the token limit (``incomplete``), what the parser held is dropped, never text (a call whose
+        name is known is open, and closes ``incomplete``)."""
+        self._apply(self.parser.finish(cut=incomplete))
         if self.parser.call_open and not incomplete:
             raise MalformedToolCall("the model's tool call is malformed: the output ended inside it")
         self.pending_events += self.items.finish("incomplete" if incomplete else "completed")
@@ -530,9 +533,7 @@ def _run(
     except DatabaseGaveUp:
         raise
     except Exception as exc:
-        logger.exception("task %s: backend error", task_id)
-        _count_constraint_failure(run, exc)
-        return _fail(run, runtime_problem(exc), sources=states.HELD & states.sources_for(S.FAILED))
+        return _failed_by(run, exc, sources=states.HELD & states.sources_for(S.FAILED))
 
 
 def _resume(
@@ -577,7 +578,11 @@ def _resume(
         text = stored.raw_text
         run.tools = _ToolRun(
             ToolCallParser(fmt, max_calls=tool_calls.tool_choice_of(request).max_calls),
-            OutputItems(task_output_items(task_id=task_id), call_id_length=fmt.call_id_length),
+            OutputItems(
+                task_output_items(task_id=task_id),
+                call_id_length=fmt.call_id_length,
+                namespaces=tool_calls.namespaces(request),
+            ),
         )
         run.tools.parser.feed(text)
         run.committed_text = [text]
@@ -611,9 +616,26 @@ def _resume_generation(
     except DatabaseGaveUp:
         raise
     except Exception as exc:
-        logger.exception("task %s: backend error", run.task_id)
-        _count_constraint_failure(run, exc)
-        return _fail(run, runtime_problem(exc), sources=[S.RUNNING])
+        return _failed_by(run, exc, sources=[S.RUNNING])
+
+
+def _failed_by(run: _Run, exc: Exception, sources: Iterable[TaskStatus]) -> str:
+    """Fail the task by what its run raised.
+
+    A problem of the request's own (a 4xx: a prompt over the context, an
+    input the template refuses) is the client's to fix, and the failure's one
+    line names it; anything else is a fault of the service, logged with its
+    traceback.
+    """
+    problem = runtime_problem(exc)
+    if _is_fault(problem):
+        logger.error("task %s: backend error", run.task_id, exc_info=exc)
+    _count_constraint_failure(run, exc)
+    return _fail(run, problem, sources=sources)
+
+
+def _is_fault(problem: Mapping[str, Any]) -> bool:
+    return int(problem.get("status") or 500) >= 500
 
 
 def _count_constraint_failure(run: _Run, exc: BaseException) -> None:
@@ -668,7 +690,8 @@ def _generate(run: _Run, model: LoadedModel, request: Mapping[str, Any], cancell
         fmt = _tool_format(model, run.model_name)
         choice = tool_calls.tool_choice_of(request)
         run.tools = _ToolRun(
-            ToolCallParser(fmt, max_calls=choice.max_calls), OutputItems(call_id_length=fmt.call_id_length)
+            ToolCallParser(fmt, max_calls=choice.max_calls),
+            OutputItems(call_id_length=fmt.call_id_length, namespaces=tool_calls.namespaces(request)),
         )
     run.generation = model.generate(prompt_ids, params, should_stop=faults.slowed(cancelled.is_set))
     # Taken before the engine has the generation; the prefill then overlaps the start's commit.
@@ -827,10 +850,8 @@ def _guarded(held: _Held, action: Callable[[], Result]) -> Result | str:
         return _database_lost(run.task_id, run.worker, exc)
     except Exception as exc:
         held.stream.stop()
-        logger.exception("task %s: backend error", run.task_id)
-        _count_constraint_failure(run, exc)
         try:
-            return _fail(run, runtime_problem(exc), sources=[S.RUNNING])
+            return _failed_by(run, exc, sources=[S.RUNNING])
         except DatabaseGaveUp as again:
             return _database_lost(run.task_id, run.worker, again)
         except Exception:
@@ -1025,6 +1046,10 @@ def _fail(run: _Run, problem: Mapping[str, Any], sources: Iterable[TaskStatus]) 
         partial=run.partial(),
     )
     if result.won:
-        logger.info("task %s failed: %s", run.task_id, problem.get("code"))
+        if _is_fault(problem):
+            logger.info("task %s failed: %s", run.task_id, problem.get("code"))
+        else:
+            # The client's problem, said once and whole: its code and what the request got wrong.
+            logger.info("task %s failed: %s: %s", run.task_id, problem.get("code"), problem.get("detail"))
         return "failed"
     return _after_lost_race(run, result)

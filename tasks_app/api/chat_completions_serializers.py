@@ -45,13 +45,13 @@ _CHAT_PART_SCHEMA = {
             "type": "object",
             "required": ["type", "text"],
             "properties": {"type": {"type": "string", "enum": ["text"]}, "text": {"type": "string"}},
-            "additionalProperties": False,
+            "description": "Other members (an earlier answer's, echoed back) are ignored.",
         },
         {
             "type": "object",
             "required": ["type", "refusal"],
             "properties": {"type": {"type": "string", "enum": ["refusal"]}, "refusal": {"type": "string"}},
-            "additionalProperties": False,
+            "description": "Other members are ignored.",
         },
     ]
 }
@@ -65,7 +65,13 @@ _CHAT_PART_SCHEMA = {
 )
 class ChatContentField(serializers.Field):
     """A message's ``content``: a string, or its parts (text and refusal parts checked; the parts
-    OpenAI has for images, audio and files kept as ``{"type": ...}`` for the adapter to refuse by name)."""
+    OpenAI has for images, audio and files kept as ``{"type": ...}`` for the adapter to refuse by name).
+
+    Clients send earlier answers back with more in a part than its text: the JS Agents SDK spreads the
+    assistant message's own members (``role``, ``refusal``, ``tool_calls``...) into it, others add
+    ``annotations`` or ``cache_control``. Those are ignored (PROFILE.md 10.1); a refusal names the member
+    at fault (``messages.2.content.0.text``).
+    """
 
     def __init__(self, **kwargs: Any) -> None:
         kwargs.setdefault("allow_null", True)
@@ -78,15 +84,17 @@ class ChatContentField(serializers.Field):
             raise serializers.ValidationError("must be a string or a list of text parts")
         parts = []
         for index, part in enumerate(data):
-            kind = part.get("type") if isinstance(part, Mapping) else None
+            if not isinstance(part, Mapping):
+                raise serializers.ValidationError({index: "must be an object: {'type': 'text', 'text': ...}"})
+            kind = part.get("type")
             if kind in REFUSED_CHAT_PART_TYPES:
                 parts.append({"type": kind})
                 continue
+            if kind not in CHAT_TEXT_PART_TYPES:
+                raise serializers.ValidationError({index: {"type": f"must be 'text' or 'refusal', got {kind!r}"}})
             key = "refusal" if kind == "refusal" else "text"
-            if kind not in CHAT_TEXT_PART_TYPES or set(part) != {"type", key} or not isinstance(part[key], str):
-                raise serializers.ValidationError(
-                    f"part {index} must be {{'type': 'text', 'text': ...}} or {{'type': 'refusal', 'refusal': ...}}"
-                )
+            if not isinstance(part.get(key), str):
+                raise serializers.ValidationError({index: {key: f"a {kind} part's {key} must be a string"}})
             parts.append({"type": kind, "text": part[key]})
         return parts
 

@@ -98,6 +98,9 @@ class OutputTextSchema(serializers.Serializer):
     type = serializers.ChoiceField(choices=["output_text"])
     text = serializers.CharField()
     annotations = serializers.ListField(child=serializers.DictField())
+    logprobs = serializers.ListField(
+        child=serializers.DictField(), help_text="Always empty: log probabilities are not returned."
+    )
 
 
 @extend_schema_serializer(component_name="OutputMessage")
@@ -137,48 +140,59 @@ class IncompleteDetailsSchema(serializers.Serializer):
 
 
 _SAMPLING_ECHO = "Extension: as the request sent it; null leaves it to the model's generation config."
+_IN_FORCE = "The value the generation uses: the request's, else the model's generation config's, else neutral."
 
 
 @extend_schema_serializer(component_name="Response")
 class ResponseSchema(serializers.Serializer):
-    """The response object (PROFILE.md section 3)."""
+    """The response object (PROFILE.md section 3), with every member OpenAI's and the Open Responses schema
+    require (PROFILE.md 10.1)."""
 
     id = serializers.CharField(help_text="`resp_` + ULID.")
     object = serializers.ChoiceField(choices=["response"])
     created_at = serializers.IntegerField(help_text="Unix seconds.")
+    completed_at = serializers.IntegerField(allow_null=True, help_text="Unix seconds once finished, else null.")
     status = serializers.ChoiceField(choices=ResponseStatus.values)
     model = serializers.CharField()
     output = OUTPUT_ITEM
-    usage = UsageSchema(allow_null=True)
+    usage = UsageSchema(help_text="Zeros until the response finishes.")
     error = ProblemSchema(allow_null=True, help_text="Set when `status` is `failed`.")
     incomplete_details = IncompleteDetailsSchema(allow_null=True)
     instructions = serializers.CharField(allow_null=True)
     max_output_tokens = serializers.IntegerField(allow_null=True)
-    temperature = serializers.FloatField(allow_null=True)
-    top_p = serializers.FloatField(allow_null=True)
+    temperature = serializers.FloatField(help_text=_IN_FORCE)
+    top_p = serializers.FloatField(help_text=_IN_FORCE)
     top_k = serializers.IntegerField(allow_null=True, help_text=_SAMPLING_ECHO)
     min_p = serializers.FloatField(allow_null=True, help_text=_SAMPLING_ECHO)
     repetition_penalty = serializers.FloatField(allow_null=True, help_text=_SAMPLING_ECHO)
     # PROFILE.md 10.1: what the request accepted, echoed with OpenAI's defaults for what it left out.
     previous_response_id = serializers.CharField(allow_null=True)
-    tools = serializers.ListField(child=serializers.DictField(), help_text="The request's function tools.")
+    tools = serializers.ListField(
+        child=serializers.DictField(),
+        help_text="The request's tools; function tools with `description`, `parameters` and `strict` filled in.",
+    )
     tool_choice = serializers.JSONField(help_text="`auto` unless the request said otherwise.")
     parallel_tool_calls = serializers.BooleanField()
     max_tool_calls = serializers.IntegerField(allow_null=True)
-    text = serializers.DictField(help_text='`format` (`{"type": "text"}`) and `verbosity`.')
+    text = serializers.DictField(
+        help_text='`format` (`{"type": "text"}`; a `json_schema` one with `description` and `strict` filled in) '
+        "and `verbosity`."
+    )
     truncation = serializers.ChoiceField(choices=["disabled", "auto"])
     top_logprobs = serializers.IntegerField()
     reasoning = serializers.DictField()
     service_tier = serializers.ChoiceField(choices=["auto", "default"])
     store = serializers.BooleanField()
-    user = serializers.CharField(allow_null=True)
+    user = serializers.CharField(required=False, help_text="As the request gave it; absent when it gave none.")
     safety_identifier = serializers.CharField(allow_null=True)
     prompt_cache_key = serializers.CharField(allow_null=True)
     prompt_cache_retention = serializers.CharField(allow_null=True)
-    prompt_cache_options = serializers.DictField(allow_null=True, help_text="As the request gave it: a hint.")
+    prompt_cache_options = serializers.DictField(
+        required=False, help_text="As the request gave it: a hint; absent when it gave none."
+    )
     image = serializers.DictField(allow_null=True, help_text="As the request gave it.")
-    frequency_penalty = serializers.FloatField(allow_null=True, help_text="Extension: as the request sent it.")
-    presence_penalty = serializers.FloatField(allow_null=True, help_text="Extension: as the request sent it.")
+    frequency_penalty = serializers.FloatField(help_text="As the request sent it, else 0.")
+    presence_penalty = serializers.FloatField(help_text="As the request sent it, else 0.")
     metadata = serializers.DictField(child=serializers.CharField(), help_text=f"At most {MAX_METADATA_PAIRS} pairs.")
     background = serializers.BooleanField(
         help_text="Extension: created with `background: true` (answered at once, followed by reads or webhooks)."

@@ -52,13 +52,14 @@ _TEXT_PART_SCHEMA = {
                 "annotations": {"type": "array"},
                 "logprobs": {"type": ["array", "null"]},
             },
-            "additionalProperties": False,
+            # Issue 41: other members (an earlier answer's, echoed back) are ignored (PROFILE.md 10.1).
+            "description": "Other members are ignored.",
         },
         {
             "type": "object",
             "required": ["type", "refusal"],
             "properties": {"type": {"type": "string", "enum": ["refusal"]}, "refusal": {"type": "string"}},
-            "additionalProperties": False,
+            "description": "Other members are ignored.",
         },
     ]
 }
@@ -204,6 +205,19 @@ def _parsed_list(data: Any, what: str, parse) -> list[Any]:
     return values
 
 
+def _indexed(data: list[Any], parse) -> list[Any]:
+    """Each element through ``parse``, the errors keyed by index (as DRF's ListField names them: ``tools.1``)."""
+    values, errors = [], {}
+    for index, element in enumerate(data):
+        try:
+            values.append(parse(index, element))
+        except serializers.ValidationError as error:
+            errors[index] = error.detail
+    if errors:
+        raise serializers.ValidationError(errors)
+    return values
+
+
 def _validated_by(serializer_class, data: Any) -> dict[str, Any]:
     serializer = serializer_class(data=data)
     if not serializer.is_valid():
@@ -218,9 +232,13 @@ def _text_part(index: int, data: Any, path: str) -> dict[str, str]:
         raise UnsupportedParameter(
             f"{path}[{index}].type: {kind} parts are not supported (text only)", param=f"{path}[{index}].type"
         )
+    # Issue 41 (response schema engineer): members a client echoes back beyond the part's own (`role`,
+    # `refusal`, `cache_control`...) are ignored, never refused (PROFILE.md 10.1).
     if kind == "refusal":
-        part = _validated_by(RefusalPartSerializer, data)
+        part = _validated_by(RefusalPartSerializer, {k: data[k] for k in ("type", "refusal") if k in data})
         return {"type": "output_text", "text": part["refusal"]}
+    if isinstance(data, Mapping) and kind in TEXT_PART_TYPES:
+        data = {key: data[key] for key in ("type", "text", "annotations", "logprobs") if key in data}
     part = _validated_by(TextPartSerializer, data)
     return {"type": part["type"], "text": part["text"]}
 
@@ -266,6 +284,19 @@ class FunctionCallItemSerializer(StrictSerializer):
     arguments = StrictCharField(allow_blank=True, trim_whitespace=False)
     id = StrictCharField(required=False, allow_blank=True, max_length=200, trim_whitespace=False)
     status = StrictChoiceField(choices=ITEM_STATUSES, required=False)
+    # A call of a namespace's function: the model knows it by its own name (tasks_app.tool_calls).
+    namespace = StrictCharField(required=False, allow_null=True, max_length=64, trim_whitespace=False)
+
+
+class ReasoningItemSerializer(StrictSerializer):
+    """An earlier turn's reasoning echoed back: checked, then left out of the context (request_surface)."""
+
+    type = StrictChoiceField(choices=("reasoning",))
+    id = StrictCharField(required=False, allow_blank=True, max_length=200, trim_whitespace=False)
+    summary = serializers.ListField(child=serializers.DictField(), required=False)
+    content = serializers.ListField(child=serializers.DictField(), required=False, allow_null=True)
+    encrypted_content = StrictCharField(required=False, allow_null=True, allow_blank=True, trim_whitespace=False)
+    status = StrictChoiceField(choices=ITEM_STATUSES, required=False, allow_null=True)
 
 
 @extend_schema_field({"oneOf": [{"type": "string"}, {"type": "array", "minItems": 1, "items": _TEXT_PART_SCHEMA}]})
@@ -289,11 +320,13 @@ _ITEM_SERIALIZERS = {
     "message": MessageItemSerializer,
     "function_call": FunctionCallItemSerializer,
     "function_call_output": FunctionCallOutputItemSerializer,
+    "reasoning": ReasoningItemSerializer,
 }
 
 
-def input_item(index: int, data: Any, path: str = "input") -> dict[str, Any]:
-    """One input item in our stored shape: no ``id``/``status``, content parts as ``{"type", "text"}``."""
+def input_item(index: int, data: Any, path: str = "input") -> dict[str, Any] | None:
+    """One input item in our stored shape: no ``id``/``status``, content parts as ``{"type", "text"}``;
+    None for an item that is checked and left out of the context (``request_surface.SKIPPED_ITEM_TYPES``)."""
     if not isinstance(data, Mapping):
         raise serializers.ValidationError("must be an object")
     kind = data.get("type", "message")
@@ -313,12 +346,29 @@ def input_item(index: int, data: Any, path: str = "input") -> dict[str, Any]:
     serializer.fields.update(fields)
     if not serializer.is_valid():
         raise serializers.ValidationError(serializer.errors)
+    if kind in request_surface.SKIPPED_ITEM_TYPES:
+        return None
     item = dict(serializer.validated_data)
     item.pop("id", None)
     item.pop("status", None)
+    item.pop("namespace", None)
     return item
 
 
+_REASONING_ITEM_SCHEMA = {
+    "type": "object",
+    "required": ["type"],
+    "properties": {
+        "type": {"type": "string", "enum": ["reasoning"]},
+        "id": {"type": "string", "maxLength": 200},
+        "summary": {"type": "array", "items": {"type": "object"}},
+        "content": {"type": ["array", "null"], "items": {"type": "object"}},
+        "encrypted_content": {"type": ["string", "null"]},
+        "status": {"type": ["string", "null"], "enum": [*ITEM_STATUSES, None]},
+    },
+    "additionalProperties": False,
+    "description": "An earlier turn's reasoning echoed back: accepted and left out of the context.",
+}
 _INPUT_ITEM_SCHEMA = {
     "oneOf": [
         _MESSAGE_ITEM_SCHEMA,
@@ -332,6 +382,7 @@ _INPUT_ITEM_SCHEMA = {
                 "arguments": {"type": "string"},
                 "id": {"type": "string", "maxLength": 200},
                 "status": {"type": "string", "enum": list(ITEM_STATUSES)},
+                "namespace": {"type": ["string", "null"], "maxLength": 64},
             },
             "additionalProperties": False,
         },
@@ -345,15 +396,25 @@ _INPUT_ITEM_SCHEMA = {
             },
             "additionalProperties": False,
         },
+        _REASONING_ITEM_SCHEMA,
     ]
 }
 
 
 @extend_schema_field(
     {
-        "oneOf": [{"type": "string"}, {"type": "array", "minItems": 1, "items": _INPUT_ITEM_SCHEMA}],
+        "oneOf": [
+            {"type": "string"},
+            {
+                "type": "array",
+                "minItems": 1,
+                "items": _INPUT_ITEM_SCHEMA,
+                "contains": {"not": _REASONING_ITEM_SCHEMA},
+            },
+        ],
         "description": "A string, or a non-empty list of input items: messages (with or without `type`; "
-        "output items echoed back with their `id` and `status`), `function_call` and `function_call_output`.",
+        "output items echoed back with their `id` and `status`), `function_call` and `function_call_output`; "
+        "`reasoning` items echoed back are accepted and left out (the models here have no reasoning mode).",
     }
 )
 class ResponseInputField(serializers.Field):
@@ -362,7 +423,11 @@ class ResponseInputField(serializers.Field):
     def to_internal_value(self, data: Any) -> str | list[dict[str, Any]]:
         if isinstance(data, str):
             return data
-        return _parsed_list(data, "a string or a non-empty list of input items", input_item)
+        items = _parsed_list(data, "a string or a non-empty list of input items", input_item)
+        kept = [item for item in items if item is not None]
+        if not kept:
+            raise serializers.ValidationError("must hold an item besides reasoning items (which are left out)")
+        return kept
 
     def to_representation(self, value: Any) -> Any:
         return value
@@ -487,9 +552,107 @@ class FunctionToolSerializer(StrictSerializer):
     parameters = LooseObjectField(required=False, allow_null=True)
     strict = StrictBooleanField(required=False, allow_null=True)
 
-    def to_internal_value(self, data: Any) -> Any:
-        request_surface.tool_type_check(data)
-        return super().to_internal_value(data)
+
+class NamespaceToolSerializer(StrictSerializer):
+    """Function tools grouped under a name (OpenAI's ``namespace`` tool; Codex CLI's ``multi_agent_v1``)."""
+
+    type = StrictChoiceField(choices=(request_surface.NAMESPACE_TOOL,))
+    name = StrictCharField(min_length=1, max_length=64, trim_whitespace=False, validators=[FORMAT_NAME])
+    description = StrictCharField(required=False, allow_null=True, allow_blank=True, trim_whitespace=False)
+    tools = serializers.JSONField()
+
+    def validate_tools(self, value: Any) -> list[dict[str, Any]]:
+        # Parsed by ResponseToolsField, which knows the path a refusal names.
+        return value
+
+
+_FUNCTION_TOOL_SCHEMA = {
+    "type": "object",
+    "required": ["type", "name"],
+    "properties": {
+        "type": {"type": "string", "enum": [request_surface.FUNCTION_TOOL]},
+        "name": {"type": "string", "pattern": "^[a-zA-Z0-9_-]{1,64}$"},
+        "description": {"type": ["string", "null"]},
+        "parameters": {"type": ["object", "null"]},
+        "strict": {"type": ["boolean", "null"]},
+    },
+    "additionalProperties": False,
+}
+
+
+@extend_schema_field(
+    {
+        "type": "array",
+        "maxItems": MAX_TOOLS,
+        "items": {
+            "oneOf": [
+                _FUNCTION_TOOL_SCHEMA,
+                {
+                    "type": "object",
+                    "required": ["type", "name", "tools"],
+                    "properties": {
+                        "type": {"type": "string", "enum": [request_surface.NAMESPACE_TOOL]},
+                        "name": {"type": "string", "pattern": "^[a-zA-Z0-9_-]{1,64}$"},
+                        "description": {"type": ["string", "null"]},
+                        "tools": {"type": "array", "minItems": 1, "items": _FUNCTION_TOOL_SCHEMA},
+                    },
+                    "additionalProperties": False,
+                },
+                {
+                    "type": "object",
+                    "required": ["type"],
+                    "properties": {"type": {"type": "string", "enum": list(request_surface.HOSTED_TOOL_TYPES)}},
+                    "description": "A hosted tool: accepted under `tool_choice` `auto` or `none`, never called.",
+                },
+            ]
+        },
+    }
+)
+class ResponseToolsField(serializers.Field):
+    """``tools``: functions, namespaces of functions, and hosted tools (offered, never run here).
+
+    A hosted tool is taken as sent (its options are OpenAI's; nothing here
+    reads them) and echoed; ``custom`` (freeform grammar) tools are refused by
+    name, as a tool type this service does not build.
+    """
+
+    def to_internal_value(self, data: Any) -> list[dict[str, Any]]:
+        if not isinstance(data, list) or len(data) > MAX_TOOLS:
+            raise serializers.ValidationError(f"must be a list of at most {MAX_TOOLS} tools")
+        return _indexed(data, lambda index, tool: self._tool(f"tools[{index}]", tool))
+
+    def _tool(self, path: str, data: Any, *, nested: bool = False) -> dict[str, Any]:
+        kind = data.get("type") if isinstance(data, Mapping) else None
+        if kind == request_surface.CUSTOM_TOOL:
+            raise UnsupportedParameter(
+                f"{path}.type: custom (freeform grammar) tools are not supported; offer a function tool",
+                param=f"{path}.type",
+            )
+        if kind in request_surface.HOSTED_TOOL_TYPES and not nested:
+            return dict(data)
+        if kind == request_surface.NAMESPACE_TOOL and not nested:
+            namespace = _validated_by(NamespaceToolSerializer, data)
+            functions = namespace["tools"]
+            if not isinstance(functions, list) or not functions:
+                raise serializers.ValidationError({"tools": ["must be a non-empty list of function tools"]})
+            try:
+                namespace["tools"] = _indexed(
+                    functions, lambda index, tool: self._tool(f"{path}.tools[{index}]", tool, nested=True)
+                )
+            except serializers.ValidationError as error:
+                raise serializers.ValidationError({"tools": error.detail}) from None
+            return namespace
+        if kind == request_surface.FUNCTION_TOOL:
+            return _validated_by(FunctionToolSerializer, data)
+        if kind in request_surface.HOSTED_TOOL_TYPES:
+            raise UnsupportedParameter(f"{path}.type: a namespace holds function tools only", param=f"{path}.type")
+        if not isinstance(data, Mapping):
+            raise serializers.ValidationError("must be an object")
+        kinds = ("function",) if nested else ("function", "namespace", *request_surface.HOSTED_TOOL_TYPES)
+        raise serializers.ValidationError({"type": [f"must be one of {', '.join(kinds)}"]})
+
+    def to_representation(self, value: Any) -> Any:
+        return value
 
 
 @extend_schema_field(
@@ -647,14 +810,14 @@ class ResponseRequestSerializer(StrictSerializer):
         help_text="Continue the conversation of a stored response of this client (PROFILE.md 10.2): its "
         "context, input and output come before this input; its instructions do not.",
     )
-    tools = serializers.ListField(
-        child=FunctionToolSerializer(),
+    tools = ResponseToolsField(
         required=False,
         allow_null=True,
-        max_length=MAX_TOOLS,
         help_text="Function tools (PROFILE.md 10.4, docs/tools.md): shown to the model through its chat template; "
         "its calls come back as `function_call` items, enforced by constrained decoding (the name among the "
-        "tools `tool_choice` allows, the arguments by `parameters`). Hosted tools are refused.",
+        "tools `tool_choice` allows, the arguments by `parameters`). A `namespace` tool's functions are offered "
+        "like the others (a call names its `namespace`). Hosted tools (`web_search`, ...) are accepted under "
+        "`tool_choice` `auto` or `none` and never called; `custom` tools are refused.",
     )
     tool_choice = ToolChoiceField(required=False, allow_null=True)
     parallel_tool_calls = StrictBooleanField(required=False, allow_null=True)
@@ -670,11 +833,16 @@ class ResponseRequestSerializer(StrictSerializer):
         "`context_length_exceeded`; `auto`: whole items are dropped from the start of the conversation "
         "(never `instructions` or this request's own input) until it fits.",
     )
-    include = documented_as(serializers.ListField, {"type": "array", "maxItems": 0, "items": {"type": "string"}})(
+    include = documented_as(
+        serializers.ListField,
+        {"type": "array", "items": {"type": "string", "enum": list(request_surface.ACCEPTED_INCLUDES)}},
+    )(
         child=StrictCharField(max_length=200),
         required=False,
         allow_null=True,
-        help_text="Only `[]`: every value OpenAI documents asks for output this service does not produce.",
+        help_text="`reasoning.encrypted_content` (Codex CLI sends it): accepted; the models here have no "
+        "reasoning mode, so there are no reasoning items to include. Every other value OpenAI documents asks "
+        "for output this service does not produce: refused by name.",
     )
     top_logprobs = documented_as(StrictIntegerField, {"type": "integer", "minimum": 0, "maximum": 0})(
         required=False,
@@ -706,6 +874,12 @@ class ResponseRequestSerializer(StrictSerializer):
         required=False, allow_null=True, help_text="Accepted and echoed: the models served here do not reason."
     )
     stream_options = StreamOptionsSerializer(required=False, allow_null=True)
+    client_metadata = LooseObjectField(
+        required=False,
+        allow_null=True,
+        help_text="What the client says about itself (Codex CLI sends it on every request): stored with the "
+        "request, not echoed, as OpenAI does.",
+    )
     background_options = BackgroundOptionsSerializer(required=False, allow_null=True)
     image = ImageOptionsSerializer(required=False, allow_null=True)
     # OpenAI's fields for what this service does not have: only their absence (null) is accepted.

@@ -63,11 +63,18 @@ class StreamDetokenizer:
         return new_text[len(prefix_text) :]
 
     def flush(self, ids: Sequence[int]) -> str:
-        """Whatever is still held at the end of a generation, even half a character."""
+        """Whatever is still held at the end of a generation, less a character it ends inside.
+
+        A generation cut (by its token limit) after some bytes of a character
+        never writes the rest: those bytes decode to U+FFFD, which is no
+        character of the answer, so they are dropped. (A U+FFFD the model
+        wrote as a whole character at the very end goes with them: the decoded
+        text cannot tell the two apart.)
+        """
         prefix_text = self._decode(ids[self.prefix_offset : self.read_offset])
         new_text = self._decode(ids[self.prefix_offset :])
         self.prefix_offset = self.read_offset = len(ids)
-        return new_text[len(prefix_text) :]
+        return new_text[len(prefix_text) :].rstrip(REPLACEMENT_CHAR)
 
     def state(self) -> dict[str, int]:
         return {"prefix_offset": self.prefix_offset, "read_offset": self.read_offset}
