@@ -425,16 +425,27 @@ _FILE_RANK = {name: rank for rank, name in enumerate(LONGEST_FILES)}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark the tests that start processes ``slow``; with LMSP_TEST_DATABASE_FREE_DONE=1 (scripts/test's
-    PostgreSQL pass), leave out the ``database_free`` tests: they already ran in the SQLite pass, and no
-    database changes them. The longest files go first (``LONGEST_FILES``); a file's tests keep their order."""
+    """Mark the tests that start processes ``slow``; leave out of a pass what another pass of the same
+    scripts/test run covers: with LMSP_TEST_DATABASE_FREE_DONE=1 (the PostgreSQL pass) the ``database_free``
+    tests, which already ran in the SQLite pass and no database changes; with LMSP_TEST_POSTGRES_PASS_FOLLOWS=1
+    (the SQLite pass beside a PostgreSQL one) the ``postgres_pass`` tests. The longest files go first
+    (``LONGEST_FILES``); a file's tests keep their order."""
     items.sort(key=lambda item: _FILE_RANK.get(item.path.name, len(_FILE_RANK)))
     for item in items:
         if PROCESS_FIXTURES.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
-    if os.environ.get("LMSP_TEST_DATABASE_FREE_DONE") != "1":
+    left_to_another_pass = [
+        marker
+        for marker, variable in (
+            ("database_free", "LMSP_TEST_DATABASE_FREE_DONE"),
+            ("postgres_pass", "LMSP_TEST_POSTGRES_PASS_FOLLOWS"),
+        )
+        if os.environ.get(variable) == "1"
+    ]
+    if not left_to_another_pass:
         return
-    kept = [item for item in items if item.get_closest_marker("database_free") is None]
-    if len(kept) != len(items):
-        config.hook.pytest_deselected(items=[item for item in items if item.get_closest_marker("database_free")])
-        items[:] = kept
+    left = [item for item in items if any(item.get_closest_marker(marker) for marker in left_to_another_pass)]
+    if left:
+        config.hook.pytest_deselected(items=left)
+        gone = set(map(id, left))
+        items[:] = [item for item in items if id(item) not in gone]
