@@ -76,6 +76,12 @@ def problem_fields(response: HttpResponseBase) -> str:
     return fields
 
 
+def is_stream(response: HttpResponseBase) -> bool:
+    """Whether the answer is an event stream: under the ASGI server a view answers only its headers, and
+    ``EventStreamMiddleware`` writes the events after Django is done (``tasks_app/api/sse.py``)."""
+    return response.streaming or response.get("Content-Type", "").startswith("text/event-stream")
+
+
 def access_line(request: HttpRequest, response: HttpResponseBase, started: float) -> None:
     """Log the request's one access line."""
     elapsed_ms = (time.perf_counter() - started) * 1000
@@ -90,7 +96,7 @@ def access_line(request: HttpRequest, response: HttpResponseBase, started: float
         escape_uri_path(request.path),
         response.status_code,
         elapsed_ms,
-        " stream" if response.streaming else "",
+        " stream" if is_stream(response) else "",
         problem_fields(response),
         "-" if client is None else client,
         peer,

@@ -5,16 +5,19 @@ from __future__ import annotations
 
 import logging
 import re
+import time
 from datetime import timedelta
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 from asgiref.sync import async_to_sync
-from django.test import AsyncClient
+from django.http import HttpResponse
+from django.test import AsyncClient, RequestFactory
 from django.utils import timezone
 
 from lmsp_project.celery import app
+from tasks_app.access_log import access_line
 from tasks_app.models import Task
 from tasks_app.notify import key, redis_client
 from tests.support.db import database_url
@@ -74,6 +77,19 @@ def test_a_refusal_s_access_line_names_its_problem_and_the_field_at_fault(api, c
     assert " problem=invalid_request param=max_output_tokens " in lines[1], lines
     assert " problem=invalid_request param=x%0AGET%20/%20200 " in lines[2], lines
     assert all("\n" not in line for line in lines)
+
+
+def test_an_event_stream_answered_by_its_headers_alone_is_logged_as_a_stream(caplog):
+    """Under the ASGI server a stream's view answers only the headers; the events follow outside Django."""
+    caplog.set_level(logging.INFO, logger=ACCESS)
+    request = RequestFactory().post("/lmsp/v1/responses", REMOTE_ADDR="127.0.0.1")
+    headers_only = HttpResponse(status=200, content_type="text/event-stream; charset=utf-8")
+
+    access_line(request, headers_only, time.perf_counter())
+
+    assert re.fullmatch(
+        r"POST /lmsp/v1/responses 200 \d+\.\dms stream client=- peer=127\.0\.0\.1", access_lines(caplog)[0]
+    )
 
 
 def test_a_stream_token_in_the_url_never_reaches_the_log(db, caplog):
