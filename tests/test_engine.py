@@ -51,9 +51,16 @@ class Observer(EngineObserver):
     waits: list[float] = field(default_factory=list)
     running: list[int] = field(default_factory=list)
     closed: bool = False
+    # With an engine: (rows decoding, groups) at each step, read on the model thread as it steps, so that no
+    # step goes unseen however late a reader's thread runs on a loaded machine.
+    engine: Any = None
+    shapes: list[tuple[int, int]] = field(default_factory=list)
 
     def step(self, *, rows: int, seconds: float) -> None:
         self.steps.append(rows)
+        if self.engine is not None:
+            now = self.engine.snapshot()
+            self.shapes.append((now["decoding"], now["groups"]))
 
     def prefill(self, *, tokens: int, seconds: float) -> None:
         self.prefills.append(tokens)
@@ -349,6 +356,7 @@ def long_prompt_beside_rows(prefill_share: float) -> tuple[list[int], set[int]]:
     long_params = SamplingParams(temperature=0, max_output_tokens=20)
     observer = Observer()
     engine = fresh_engine(model, max_batch=3, observer=observer, prefill_share=prefill_share)
+    observer.engine = engine
     decoding = threading.Barrier(3)
     results: list[list[int]] = [[], []]
 
@@ -366,12 +374,7 @@ def long_prompt_beside_rows(prefill_share: float) -> tuple[list[int], set[int]]:
             thread.start()
         decoding.wait(timeout=30)
         long_generation = model.generate(long_prompt, long_params, should_stop=never)
-        long_chunks = []
-        groups = set()
-        for chunk in engine.submit(long_generation):
-            long_chunks.append(chunk)
-            groups.add(engine.snapshot()["groups"])
-        long_ids = ids_of(long_chunks)
+        long_ids = ids_of(list(engine.submit(long_generation)))
         for thread in threads:
             thread.join(timeout=60)
         expected = [alone(model, r.prompt, r.params) for r in requests]
@@ -380,6 +383,8 @@ def long_prompt_beside_rows(prefill_share: float) -> tuple[list[int], set[int]]:
         engine.close()
         model.close()
     assert results == expected and long_ids == expected_long
+    # The numbers of groups the steps decoded in: the two short rows joined together, in one.
+    groups = {groups for _, groups in observer.shapes}
     short_calls, long_calls = observer.prefills[:2], observer.prefills[2:]
     assert sorted(short_calls) == [10, 12]
     assert sum(long_calls) == len(long_prompt)
