@@ -52,7 +52,7 @@ _TEXT_PART_SCHEMA = {
                 "annotations": {"type": "array"},
                 "logprobs": {"type": ["array", "null"]},
             },
-            # Issue 41: other members (an earlier answer's, echoed back) are ignored (PROFILE.md 10.1).
+            # Other members (an earlier answer's, echoed back) are ignored (PROFILE.md 10.1).
             "description": "Other members are ignored.",
         },
         {
@@ -232,8 +232,8 @@ def _text_part(index: int, data: Any, path: str) -> dict[str, str]:
         raise UnsupportedParameter(
             f"{path}[{index}].type: {kind} parts are not supported (text only)", param=f"{path}[{index}].type"
         )
-    # Issue 41 (response schema engineer): members a client echoes back beyond the part's own (`role`,
-    # `refusal`, `cache_control`...) are ignored, never refused (PROFILE.md 10.1).
+    # Clients echo earlier answers back with more in a part than its own members (`role`, `refusal`,
+    # `cache_control`...): those ask for nothing, so they are ignored, never refused (PROFILE.md 10.1).
     if kind == "refusal":
         part = _validated_by(RefusalPartSerializer, {k: data[k] for k in ("type", "refusal") if k in data})
         return {"type": "output_text", "text": part["refusal"]}
