@@ -32,9 +32,11 @@ from django.conf import settings  # noqa: E402  (after setup)
 
 from lmsp_project.wsgi_bridge import Receive, Scope, Send, WsgiBridge  # noqa: E402
 from tasks_app.api.sse import ASGIApp, EventStreamMiddleware  # noqa: E402  (needs the apps loaded)
+from tasks_app.database_outages import outage_process_set  # noqa: E402
 from tasks_app.dispatch_sender import dispatch_sender_start  # noqa: E402
 
 streams_application = EventStreamMiddleware(django_application)
+outage_process_set("web")
 
 
 @lru_cache(maxsize=1024)

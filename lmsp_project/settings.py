@@ -116,8 +116,8 @@ MIDDLEWARE = [
     "tasks_app.hosts.AllowedHostMiddleware",
     # Next, so oversized bodies are refused before anything reads them.
     "tasks_app.middleware.RequestSizeLimitMiddleware",
-    # A lock wait that ran out (a frozen writer) is a 503 problem, not a 500.
-    "tasks_app.middleware.DatabaseBusyMiddleware",
+    # A database that is away, read-only, full or locked past the lock timeout is a 503 (507) problem, not a 500.
+    "tasks_app.middleware.DatabaseUnavailableMiddleware",
     # Cross-origin reads of the event streams (LMSP_CORS_ORIGINS), preflights answered here.
     "tasks_app.cors.StreamCorsMiddleware",
     "django.middleware.security.SecurityMiddleware",
@@ -169,6 +169,10 @@ SQLITE_BUSY_TIMEOUT_SECONDS = LMSP_DB_LOCK_TIMEOUT_SECONDS
 LMSP_MAINTENANCE_LOCK_TIMEOUT_SECONDS = float(os.environ.get("LMSP_MAINTENANCE_LOCK_TIMEOUT_SECONDS") or "1")
 # Retry-After of a 503 service_unavailable (the lock was not granted in time).
 LMSP_DB_BUSY_RETRY_AFTER_SECONDS = _env_int("LMSP_DB_BUSY_RETRY_AFTER_SECONDS", 2)
+# Retry-After of the 503 (507 for a full disk) a request gets while the database cannot be reached or
+# written (docs/recovery.md). The SDKs retry twice by default after what it says: 5 s covers a server
+# restart of up to 10 s.
+LMSP_DB_UNAVAILABLE_RETRY_AFTER_SECONDS = _env_int("LMSP_DB_UNAVAILABLE_RETRY_AFTER_SECONDS", 5)
 # FULL (the default): a commit is on disk before it returns, so a task whose
 # 202 was sent, and every event a client saw, survive a power loss or an OS
 # crash. NORMAL (WAL) survives the crash of any process but may roll back the

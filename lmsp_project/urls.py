@@ -1,6 +1,7 @@
 from django.contrib import admin
 from django.urls import include, path
 
+from tasks_app.api.health_view import health_view
 from tasks_app.api.landing import landing_view
 from tasks_app.api.metrics_view import metrics_view
 
@@ -11,6 +12,8 @@ urlpatterns = [
     path("lmsp/v1/", include("tasks_app.api.urls")),
     path("admin/", admin.site.urls),
     path("metrics", metrics_view, name="metrics"),
+    # Whether this web process can serve now (the database, Redis); docs/recovery.md.
+    path("healthz", health_view, name="health"),
 ]
 
 handler400 = "tasks_app.api.problems.handler400"

@@ -2,7 +2,8 @@
 
 ``GET /lmsp/v1/tasks/task_… 200 3.1ms client=4 peer=127.0.0.1:50412``:
 method, path, status, the time until the response was ready, the
-authenticated client's id (``client=-`` without one) and the peer's address.
+authenticated client's id (``client=-`` without one, ``client=?`` when the
+service failed before it could check its credentials: a database outage) and the peer's address.
 A refusal adds what its problem object names, so that an operator sees why
 without the client's help: ``POST /lmsp/v1/responses 400 2.0ms
 problem=unsupported_parameter param=tools[1].type client=4 …``.
@@ -49,6 +50,15 @@ def request_client_id(request: HttpRequest) -> int | None:
     return user.pk
 
 
+def client_field(request: HttpRequest, response: HttpResponseBase, client: int | None) -> str:
+    """The client's id; ``-`` for none; ``?`` when credentials came but the service failed before it could
+    check them (the database was away): not an anonymous request, an unknown one."""
+    if client is not None:
+        return str(client)
+    sent = request.META.get("HTTP_AUTHORIZATION") or "token" in request.GET
+    return "?" if sent and response.status_code >= 500 else "-"
+
+
 def _field(value: object) -> str:
     """A client-chosen string (a field name it sent) as one token: no space or newline can forge a line."""
     return quote(str(value)[:120], safe="[]._-:/*")
@@ -76,6 +86,11 @@ def problem_fields(response: HttpResponseBase) -> str:
     return fields
 
 
+def is_answered_problem(response: HttpResponseBase) -> bool:
+    """Whether the answer is a problem the service chose to give (a refusal, an outage's 503), not a crash."""
+    return response.get("Content-Type", "").startswith(PROBLEM_CONTENT_TYPE) and response.status_code != 500
+
+
 def is_stream(response: HttpResponseBase) -> bool:
     """Whether the answer is an event stream: under the ASGI server a view answers only its headers, and
     ``EventStreamMiddleware`` writes the events after Django is done (``tasks_app/api/sse.py``)."""
@@ -98,7 +113,7 @@ def access_line(request: HttpRequest, response: HttpResponseBase, started: float
         elapsed_ms,
         " stream" if is_stream(response) else "",
         problem_fields(response),
-        "-" if client is None else client,
+        client_field(request, response, client),
         peer,
     )
 
@@ -111,4 +126,8 @@ class AccessLogMiddleware(SyncAndAsyncMiddleware):
 
     def after(self, request: HttpRequest, response: HttpResponseBase) -> HttpResponseBase:
         access_line(request, response, request.lmsp_access_started)
+        if is_answered_problem(response):
+            # The access line names it; django.request would add an ERROR line per 503 of an outage. An
+            # exception no view answered was logged with its traceback before it got here.
+            response._has_been_logged = True
         return response

@@ -27,12 +27,13 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import DatabaseError, InterfaceError, OperationalError, connection
+from django.db import OperationalError, connection
 from django.db.models import DateTimeField, Func
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from tasks_app.exceptions import DatabaseBusy
+from tasks_app.database_outages import Unavailable, database_unavailability, database_unavailable_noted
+from tasks_app.exceptions import DatabaseBusy, DatabaseUnavailable, InsufficientStorage, LmspError
 
 # What SQLite says when its busy timeout ran out; PostgreSQL's lock_not_available.
 _SQLITE_LOCKED = ("database is locked", "database table is locked")
@@ -49,22 +50,42 @@ def is_lock_timeout(error: BaseException) -> bool:
     return any(text in str(error) for text in _SQLITE_LOCKED)
 
 
-# The server ended the session's transaction (idle_in_transaction_session_timeout: a silent client).
-_PG_SESSION_ENDED = ("25P03",)
-
-
 def is_database_unavailable(error: BaseException) -> bool:
     """Whether ``error`` says the database cannot be reached or written now, rather than something about a row.
 
     A connection that failed or was closed, a server that ended the session
     (restart, ``idle_in_transaction_session_timeout``), a file SQLite cannot
-    open, and a lock wait that ran out: in each case the transaction wrote
-    nothing, and the same work may succeed once the database is back.
+    open or write (read-only, full), and a lock wait that ran out: in each
+    case the transaction wrote nothing, and the same work may succeed once
+    the database is back (``tasks_app.database_outages``).
     """
-    if isinstance(error, OperationalError | InterfaceError):
-        return True
-    cause = error.__cause__
-    return isinstance(error, DatabaseError) and getattr(cause, "sqlstate", None) in _PG_SESSION_ENDED
+    return database_unavailability(error) is not None
+
+
+def unavailable_problem(error: BaseException) -> LmspError | None:
+    """The problem a request answers when ``error`` means the database is unavailable (None otherwise).
+
+    ``503 service_unavailable`` with ``Retry-After``; ``507 insufficient_storage`` for a full disk. The
+    outage is noted (one log line per outage, counted), never logged per request.
+    """
+    reason = database_unavailable_noted(error)
+    if reason is None:
+        return None
+    if isinstance(error, DatabaseBusy):
+        return error
+    if reason is Unavailable.LOCKED:
+        return busy_error(error)
+    retry_after = str(settings.LMSP_DB_UNAVAILABLE_RETRY_AFTER_SECONDS)
+    headers = {"Retry-After": retry_after}
+    if reason is Unavailable.FULL:
+        return InsufficientStorage(
+            f"The service's database has no room left on its disk; nothing was written, retry in {retry_after} s",
+            headers=headers,
+        )
+    says = "refuses writes (read-only)" if reason is Unavailable.READ_ONLY else "cannot be reached"
+    return DatabaseUnavailable(
+        f"The service's database {says} now; nothing was written, retry in {retry_after} s", headers=headers
+    )
 
 
 def busy_error(error: BaseException | None = None) -> DatabaseBusy:

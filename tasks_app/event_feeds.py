@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from django.conf import settings
 
 from tasks_app import events
-from tasks_app.dbpool import run_db
+from tasks_app.database_outages import database_unavailable_noted
+from tasks_app.dbpool import run_db, run_db_through_outages
 from tasks_app.models import TaskEvent
 from tasks_app.wakeups import Change, WakeHub, wake_hub
 
@@ -147,9 +148,11 @@ class TaskFeed:
                 frames = await run_db(
                     task_event_frames_after, task_id=self.task_id, after=self.last_sequence, limit=page
                 )
-            except Exception:
-                # A database hiccup: the followers' next poll tries again.
-                logger.exception("reading events of %s failed", self.task_id)
+            except Exception as error:
+                # The followers' next poll tries again: a database outage is logged once
+                # (tasks_app.database_outages), anything else here.
+                if database_unavailable_noted(error) is None:
+                    logger.exception("reading events of %s failed", self.task_id)
                 return
             if frames:
                 contiguous = frames[0].sequence_number == self.last_sequence + 1
@@ -224,7 +227,9 @@ async def follow(task_id: str, after: int, *, preamble: bytes = b"") -> AsyncGen
             chunk = feed.chunk_after(cursor)
             if chunk is None:
                 # Behind the feed's window: page through the table ourselves.
-                frames = await run_db(
+                # Waits while the database is away (the task goes on meanwhile). Only a stream this far
+                # behind waits here without keepalives; one at the newest end waits below, where they flow.
+                frames = await run_db_through_outages(
                     task_event_frames_after,
                     task_id=task_id,
                     after=cursor,

@@ -280,6 +280,18 @@ class DatabaseBusy(LmspError):
     status, code, title = 503, "service_unavailable", "Service unavailable"
 
 
+class DatabaseUnavailable(LmspError):
+    """Raised when the database cannot be reached or refuses writes (read-only) now; nothing was written."""
+
+    status, code, title = 503, "service_unavailable", "Service unavailable"
+
+
+class InsufficientStorage(LmspError):
+    """Raised when the database's disk is full; nothing was written, and nothing accepted before is lost."""
+
+    status, code, title = 507, "insufficient_storage", "Insufficient storage"
+
+
 class InternalError(LmspError):
     """Raised when the service fails in a way the client cannot fix."""
 

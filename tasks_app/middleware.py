@@ -1,4 +1,4 @@
-"""Refuses oversized request bodies before any view reads them; a lock wait that ran out is a 503."""
+"""Refuses oversized request bodies before any view reads them; a database that is away is a 503."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from django.conf import settings
 from django.http import HttpRequest, HttpResponse
 
 from tasks_app.api.problems import problem_json_response
-from tasks_app.db_locks import busy_error, is_lock_timeout
+from tasks_app.db_locks import unavailable_problem
 from tasks_app.exceptions import InvalidRequest, PayloadTooLarge
 from tasks_app.middleware_base import SyncAndAsyncMiddleware
 
@@ -42,14 +42,15 @@ class RequestSizeLimitMiddleware(SyncAndAsyncMiddleware):
         return None
 
 
-class DatabaseBusyMiddleware(SyncAndAsyncMiddleware):
-    """``503 service_unavailable`` with ``Retry-After`` when a view outside DRF (the admin) timed out on a lock.
+class DatabaseUnavailableMiddleware(SyncAndAsyncMiddleware):
+    """``503 service_unavailable`` (``507`` for a full disk) with ``Retry-After`` when a view outside DRF (the
+    admin, the event streams' openings, ``POST /responses``) met a database that is away, read-only, full or
+    locked past the lock timeout (``tasks_app.database_outages``).
 
     DRF views get the same answer from the API's exception handler. The
     failed statement's transaction wrote nothing, so the client may retry.
     """
 
     def process_exception(self, request: HttpRequest, exception: Exception) -> HttpResponse | None:
-        if is_lock_timeout(exception):
-            return problem_json_response(busy_error(exception), request)
-        return None
+        problem = unavailable_problem(exception)
+        return None if problem is None else problem_json_response(problem, request)

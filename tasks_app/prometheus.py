@@ -237,6 +237,11 @@ def recovery_errors_key() -> str:
     return metrics_key("recovery_errors")
 
 
+def database_unavailable_key() -> str:
+    """Hash: ``<process>|<reason>`` -> outages that process saw start; ``<process>|seconds`` -> their length."""
+    return metrics_key("database_unavailable")
+
+
 def workers_key() -> str:
     """Sorted set: worker node name -> unix time of its newest report."""
     return metrics_key("workers")
@@ -328,10 +333,13 @@ def task_finished_count(*, status: str, count: int = 1) -> None:
     _counter_add(finished_key(), status, count, what="a finished task")
 
 
-def _counter_add(key: str, name: str, count: int, *, what: str) -> None:
+def _counter_add(key: str, name: str, count: float, *, what: str) -> None:
     try:
         pipe = metrics_redis().pipeline(transaction=False)
-        pipe.hincrby(key, name, count)
+        if isinstance(count, int):
+            pipe.hincrby(key, name, count)
+        else:
+            pipe.hincrbyfloat(key, name, count)
         # Nothing of an installation lingers once it is gone (a test run, a renamed prefix).
         pipe.expire(key, settings.LMSP_METRICS_WORKER_TTL_SECONDS)
         pipe.execute()
@@ -346,6 +354,21 @@ RECOVERY_ERROR_SOURCES = ("startup", "reaper", "pool_process_lost", "hand_back")
 def recovery_error_count(*, source: str, count: int = 1) -> None:
     """Add ``count`` tasks whose recovery raised at ``source``; never raises (as :func:`task_finished_count`)."""
     _counter_add(recovery_errors_key(), source, count, what="a recovery error")
+
+
+# The processes and reasons of ``lmsp_database_unavailable_total`` (tasks_app/database_outages.py).
+DATABASE_PROCESSES = ("web", "worker", "maintenance", "webhooks")
+DATABASE_REASONS = ("unreachable", "read_only", "full", "locked")
+
+
+def database_unavailable_count(*, process: str, reason: str) -> None:
+    """One more outage seen by a ``process``, as it started (``reason``); never raises."""
+    _counter_add(database_unavailable_key(), f"{process}|{reason}", 1, what="a database outage")
+
+
+def database_unavailable_seconds_add(*, process: str, seconds: float) -> None:
+    """Add an ended outage's length, as ``process`` saw it; never raises."""
+    _counter_add(database_unavailable_key(), f"{process}|seconds", float(seconds), what="a database outage's length")
 
 
 # --------------------------------------------------------------------------- #
@@ -378,6 +401,8 @@ class RedisReadout:
     up: bool
     finished: dict[str, int] = field(default_factory=dict)
     recovery_errors: dict[str, int] = field(default_factory=dict)
+    # "<process>|<reason>" -> outages; "<process>|seconds" -> their summed length
+    database_unavailable: dict[str, float] = field(default_factory=dict)
     queues: dict[str, int] | None = None
     workers: dict[str, dict[str, float]] = field(default_factory=dict)
     # worker process (<node>/<pid>) -> its gauges' fields
@@ -402,12 +427,13 @@ def metrics_redis_read() -> RedisReadout:
         pipe = client.pipeline(transaction=False)
         pipe.hgetall(finished_key())
         pipe.hgetall(recovery_errors_key())
+        pipe.hgetall(database_unavailable_key())
         pipe.zrangebyscore(workers_key(), now - settings.LMSP_METRICS_WORKER_TTL_SECONDS, "+inf")
         pipe.zrangebyscore(processes_key(), now - GAUGE_TTL_SECONDS, "+inf")
         if same_broker:
             for queue in queues:
                 pipe.llen(queue)
-        finished, recovery_errors, nodes, processes, *lengths = pipe.execute()
+        finished, recovery_errors, outages, nodes, processes, *lengths = pipe.execute()
         node_names = [node.decode() for node in nodes]
         process_names = [process.decode() for process in processes]
         pipe = client.pipeline(transaction=False)
@@ -421,6 +447,7 @@ def metrics_redis_read() -> RedisReadout:
             up=True,
             finished={key.decode(): int(value) for key, value in finished.items()},
             recovery_errors={key.decode(): int(value) for key, value in recovery_errors.items()},
+            database_unavailable=_decoded(outages),
             workers={node: _decoded(raw) for node, raw in zip(node_names, node_hashes, strict=True) if raw},
             processes={name: _decoded(raw) for name, raw in zip(process_names, process_hashes, strict=True) if raw},
         )
@@ -575,6 +602,7 @@ class ScrapeCollector:
             for source in RECOVERY_ERROR_SOURCES:
                 errors.add_metric([source], readout.recovery_errors.get(source, 0))
             yield errors
+            yield from self._database_outages(readout)
         if readout.queues is not None:
             queues = GaugeMetricFamily(
                 "lmsp_broker_queue_messages",
@@ -589,6 +617,27 @@ class ScrapeCollector:
         )
         if readout.up:
             yield from self._workers(readout)
+
+    @staticmethod
+    def _database_outages(readout: RedisReadout) -> Iterator[Metric]:
+        outages = CounterMetricFamily(
+            "lmsp_database_unavailable",
+            "Outages of the database as each kind of process saw them start (one per process and outage), by reason.",
+            labels=["process", "reason"],
+        )
+        seconds = CounterMetricFamily(
+            "lmsp_database_unavailable_seconds",
+            "How long the ended outages lasted, summed over the processes that saw them.",
+            labels=["process"],
+        )
+        found = readout.database_unavailable
+        processes = sorted({*DATABASE_PROCESSES, *(key.split("|", 1)[0] for key in found)})
+        for process in processes:
+            for reason in DATABASE_REASONS:
+                outages.add_metric([process, reason], found.get(f"{process}|{reason}", 0))
+            seconds.add_metric([process], found.get(f"{process}|seconds", 0.0))
+        yield outages
+        yield seconds
 
     @staticmethod
     def _workers(readout: RedisReadout) -> Iterator[Metric]:

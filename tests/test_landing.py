@@ -13,7 +13,7 @@ LINKS = {
     "docs": "http://testserver/lmsp/v1/docs",
     "openapi": "http://testserver/lmsp/v1/openapi.json",
     "admin": "http://testserver/admin/",
-    "health": "http://testserver/lmsp/v1/capabilities",
+    "health": "http://testserver/healthz",
     "metrics": "http://testserver/metrics",
 }
 

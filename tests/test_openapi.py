@@ -265,8 +265,27 @@ CANNOT_PRODUCE |= {
     ("post", "/lmsp/v1/chat/completions", 500, code)
     for code in ("backend_error", "model_load_failed", "server_restarted")
 }
-# Every operation's 500 needs an injected fault (a bug, a lost database).
-CANNOT_PRODUCE_ANYWHERE = {(500, "internal_error")}
+# Every operation's 500 needs an injected fault (a bug). Its 507, and the 503 of operations that never wait for a
+# lock, need a database that is away, read-only or full: tests/test_database_outages.py has those from live servers
+# (the 503 of the operations that write under a lock is still required here: the lock test below answers it).
+CANNOT_PRODUCE_ANYWHERE = {(500, "internal_error"), (507, "insufficient_storage")}
+CANNOT_PRODUCE |= {
+    (method, path, 503, "service_unavailable")
+    for method, path in (
+        ("get", "/lmsp/v1/capabilities"),
+        ("get", "/lmsp/v1/models"),
+        ("get", "/lmsp/v1/models/{model_id}"),
+        ("get", "/lmsp/v1/tasks"),
+        ("get", "/lmsp/v1/tasks/{task_id}"),
+        ("get", "/lmsp/v1/tasks/{task_id}/events"),
+        ("post", "/lmsp/v1/tasks/{task_id}/stream_token"),
+        ("get", "/lmsp/v1/responses/{response_id}"),
+        ("get", "/lmsp/v1/webhook_endpoints"),
+        ("get", "/lmsp/v1/webhook_endpoints/{webhook_endpoint_id}"),
+        ("post", "/lmsp/v1/webhook_endpoints/{webhook_endpoint_id}/test"),
+        ("get", "/lmsp/v1/webhook_event_types"),
+    )
+}
 
 
 @dataclass

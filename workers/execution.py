@@ -41,6 +41,7 @@ from django.db import DatabaseError, close_old_connections, connection
 
 from tasks_app import broker, faults, lifecycle, response_formats, states, tool_calls
 from tasks_app.affinity import affinity_remember
+from tasks_app.database_outages import database_unavailable_noted
 from tasks_app.db_locks import is_database_unavailable
 from tasks_app.events import Event
 from tasks_app.exceptions import (
@@ -171,7 +172,9 @@ def _committed(
                 connection.close()
             if time.monotonic() + pause - started >= patience:
                 raise DatabaseGaveUp(verb.__name__, subject, time.monotonic() - started, exc) from exc
-            logger.warning(
+            # The outage itself is logged once per process (tasks_app.database_outages), not per try.
+            database_unavailable_noted(exc)
+            logger.debug(
                 "%s for %s: the database cannot be written now (%s); retrying",
                 verb.__name__,
                 subject,
@@ -233,7 +236,8 @@ class Heartbeat:
                 try:
                     result = lifecycle.task_heartbeat(task_id=self.task_id, worker=self.worker)
                 except Exception as exc:  # a missed heartbeat must not kill the run
-                    logger.warning("heartbeat for %s failed: %s", self.task_id, _one_line(exc))
+                    if database_unavailable_noted(exc) is None:
+                        logger.warning("heartbeat for %s failed: %s", self.task_id, _one_line(exc))
                     if isinstance(exc, DatabaseError):
                         connection.close()  # the next beat opens a new connection
                     continue
@@ -876,7 +880,8 @@ def _beat(rows: list[_Held]) -> None:
         try:
             lifecycle.task_heartbeat(task_id=run.task_id, worker=run.worker)
         except Exception as exc:  # a missed heartbeat must not stop the rows
-            logger.warning("heartbeat for %s failed: %s", run.task_id, _one_line(exc))
+            if database_unavailable_noted(exc) is None:
+                logger.warning("heartbeat for %s failed: %s", run.task_id, _one_line(exc))
             if isinstance(exc, DatabaseError):
                 connection.close()  # the next beat opens a new connection
             continue

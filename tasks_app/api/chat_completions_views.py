@@ -28,7 +28,7 @@ from tasks_app.api.sse import StreamSlot, event_stream, stream_slot_take
 from tasks_app.api.stream_views import create_stream_slot
 from tasks_app.api.views import WRITE, ScopedAPIView, _validated
 from tasks_app.chat_completions import ChatChunks, chat_completion_object, chat_failure, chat_request_to_response
-from tasks_app.dbpool import run_db
+from tasks_app.dbpool import run_db, run_db_through_outages
 from tasks_app.exceptions import InvalidRequest, LmspError
 from tasks_app.services.chat_completions import chat_completion_abandon, chat_completion_start
 from tasks_app.services.responses import ResponseStarted, response_task_finished
@@ -105,13 +105,13 @@ def _stream(
 async def _wait(request: HttpRequest, started: ResponseStarted) -> HttpResponse:
     try:
         with Watch(started.task_id, statuses=states.TERMINAL) as watch:
-            while not await run_db(response_task_finished, task_id=started.task_id):
+            while not await run_db_through_outages(response_task_finished, task_id=started.task_id):
                 await watch.wait(watch.hub.poll_interval())
     except asyncio.CancelledError:
         # The client went away (Django cancels the view on its disconnect): so does the generation.
         await asyncio.shield(run_db(chat_completion_abandon, task_id=started.task_id))
         raise
-    body = await run_db(_finished_response, started.task_id)
+    body = await run_db_through_outages(_finished_response, started.task_id)
     failure = chat_failure(body)
     if failure is not None:
         return problem_json_response(failure, request)

@@ -51,7 +51,7 @@ def landing_describe(base: str) -> dict[str, Any]:
             "docs": base + reverse("openapi-docs"),
             "openapi": base + reverse("openapi"),
             "admin": base + reverse("admin:index"),
-            "health": base + reverse("capabilities"),
+            "health": base + reverse("health"),
             "metrics": base + reverse("metrics"),
         },
         "example": example,

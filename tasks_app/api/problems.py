@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -11,7 +12,7 @@ from rest_framework import exceptions as drf
 from rest_framework.response import Response
 
 from tasks_app import exceptions as exc
-from tasks_app.db_locks import busy_error, is_lock_timeout
+from tasks_app.db_locks import unavailable_problem
 
 logger = logging.getLogger("tasks_app.api")
 
@@ -84,10 +85,10 @@ def _from_drf(error: drf.APIException) -> exc.LmspError:
 def exception_handler(error: Exception, context: dict[str, Any]) -> Response | None:
     """DRF's EXCEPTION_HANDLER: every error becomes a problem object, never a traceback."""
     request = context.get("request")
-    if isinstance(error, exc.LmspError):
+    if (unavailable := unavailable_problem(error)) is not None:
+        problem = unavailable
+    elif isinstance(error, exc.LmspError):
         problem = error
-    elif is_lock_timeout(error):
-        problem = busy_error(error)
     elif isinstance(error, drf.APIException):
         problem = _from_drf(error)
     else:
@@ -113,6 +114,17 @@ def handler404(request: HttpRequest, exception: Exception | None = None) -> Json
 
 
 def handler500(request: HttpRequest) -> JsonResponse:
+    """Django's answer to an exception raised outside a view (a middleware's session write, say).
+
+    Called inside Django's ``except`` block, so the exception is at hand: a
+    database outage is the same 503 as in a view, and marked logged (the
+    outage has its one line), so Django adds no traceback of its own.
+    """
+    unavailable = unavailable_problem(sys.exc_info()[1])
+    if unavailable is not None:
+        response = problem_json_response(unavailable, request)
+        response._has_been_logged = True
+        return response
     return problem_json_response(exc.InternalError("The server failed to serve the request"), request)
 
 

@@ -70,8 +70,9 @@ _STATUS_HEADERS = {
         }
     },
 }
-# A 503 (a lock or Redis not available in time) asks to come back later, as a 429 does.
-_STATUS_HEADERS[503] = _STATUS_HEADERS[429]
+# A 503 (the database away or locked, Redis not available in time) and a 507 (the database's disk full) ask to
+# come back later, as a 429 does.
+_STATUS_HEADERS[503] = _STATUS_HEADERS[507] = _STATUS_HEADERS[429]
 
 
 def _example_instance(path: str) -> str:
@@ -103,7 +104,7 @@ def problem_response(status: int, classes: Sequence[type[exc.LmspError]], path: 
                             "type": "object",
                             "properties": {
                                 "status": {"type": "integer", "enum": [status]},
-                                "code": {"type": "string", "enum": [cls.code for cls in classes]},
+                                "code": {"type": "string", "enum": list(dict.fromkeys(cls.code for cls in classes))},
                             },
                         },
                     ]
@@ -121,7 +122,13 @@ def operation_problems(
     *, handler_problems: Sequence[type[exc.LmspError]], method: str, public: bool, has_body: bool
 ) -> dict[int, list[type[exc.LmspError]]]:
     """Every problem one operation answers, by status."""
-    shared: list[type[exc.LmspError]] = [exc.MethodNotAllowed, exc.InternalError]
+    # Every operation reads or writes the database: while it is away, each answers 503 (507: its disk full).
+    shared: list[type[exc.LmspError]] = [
+        exc.MethodNotAllowed,
+        exc.InternalError,
+        exc.DatabaseUnavailable,
+        exc.InsufficientStorage,
+    ]
     if not public:
         shared += [exc.Unauthorized, exc.InsufficientScope]
     if method == "POST":

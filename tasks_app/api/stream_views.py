@@ -32,7 +32,7 @@ from tasks_app.api.serializers import ResponseOutputSerializer, stream_cursor
 from tasks_app.api.sse import StreamSlot, event_stream, stream_slot_take
 from tasks_app.api.views import ResponseCancelView, ResponseCreateView, ResponseDetailView
 from tasks_app.auth import BearerTokenAuthentication, StreamReader, stream_reader_authenticate
-from tasks_app.dbpool import run_db
+from tasks_app.dbpool import run_db, run_db_through_outages
 from tasks_app.exceptions import InvalidRequest, LmspError, MethodNotAllowed, Unauthorized
 from tasks_app.models import Client
 from tasks_app.selectors import StreamStart
@@ -238,9 +238,11 @@ async def responses_create(request: HttpRequest) -> HttpResponse:
     if started is None:
         return response
     with Watch(started.task_id, statuses=states.TERMINAL) as watch:
-        while not await run_db(response_task_finished, task_id=started.task_id):
+        while not await run_db_through_outages(response_task_finished, task_id=started.task_id):
             await watch.wait(watch.hub.poll_interval())
-    reply = await run_db(response_finish, task_id=started.task_id, idempotency_record_id=started.idempotency_record_id)
+    reply = await run_db_through_outages(
+        response_finish, task_id=started.task_id, idempotency_record_id=started.idempotency_record_id
+    )
     return HttpResponse(JSONRenderer().render(reply.body), status=reply.status, content_type="application/json")
 
 

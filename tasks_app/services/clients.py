@@ -15,7 +15,8 @@ from django.db import IntegrityError, OperationalError, transaction
 from django.db.models import F, QuerySet
 from django.utils import timezone
 
-from tasks_app.db_locks import is_lock_timeout, lock_wait
+from tasks_app.database_outages import Unavailable, database_unavailability
+from tasks_app.db_locks import lock_wait
 from tasks_app.exceptions import InvalidRequest
 from tasks_app.models import Client, PairingCode
 
@@ -125,14 +126,16 @@ def client_touch(*, client: Client) -> None:
     resolution = timedelta(seconds=settings.LMSP_CLIENT_LAST_USED_RESOLUTION_SECONDS)
     if client.last_used_at is not None and now - client.last_used_at < resolution:
         return
-    # A statistic, not worth a read request's 503: behind a writer frozen with the lock, skip it.
+    # A statistic, not worth a read request's 503: behind a writer frozen with the lock, or on a database that
+    # takes no writes now (read-only, full), skip it; the outage itself is logged once (database_outages).
     try:
         with lock_wait(TOUCH_LOCK_WAIT_SECONDS), transaction.atomic():
             Client.objects.filter(pk=client.pk).update(last_used_at=now)
     except OperationalError as error:
-        if not is_lock_timeout(error):
+        reason = database_unavailability(error)
+        if reason is None or reason is Unavailable.UNREACHABLE:
             raise
-        logger.info("client %s: last use not recorded, the database is locked by another writer", client.pk)
+        logger.debug("client %s: last use not recorded, the database takes no writes now (%s)", client.pk, reason)
         return
     client.last_used_at = now
 

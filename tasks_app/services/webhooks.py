@@ -37,6 +37,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from tasks_app import events
+from tasks_app.database_outages import database_unavailable_noted, one_line
 from tasks_app.exceptions import InvalidRequest, WebhookTestFailed
 from tasks_app.ids import (
     new_response_id,
@@ -541,7 +542,9 @@ def _database_step(what: str, step: Callable[..., T], **arguments: Any) -> T | N
     try:
         return step(**arguments)
     except DatabaseError as error:
-        logger.warning("webhooks: could not %s (%s); trying again next round", what, error)
+        # An outage is logged once by database_outages; anything else, each time.
+        if database_unavailable_noted(error) is None:
+            logger.warning("webhooks: could not %s (%s); trying again next round", what, one_line(error))
         close_old_connections()
         return None
 

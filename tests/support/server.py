@@ -85,9 +85,15 @@ def uvicorn_server(database_url: str, extra_env: dict[str, str] | None = None) -
 
 
 @contextmanager
-def uvicorn_process(database_url: str, extra_env: dict[str, str] | None = None) -> Iterator[Server]:
-    """Serve the ASGI app on a free port; yields its URL and process id."""
+def uvicorn_process(
+    database_url: str, extra_env: dict[str, str] | None = None, *, log_path: Path | None = None
+) -> Iterator[Server]:
+    """Serve the ASGI app on a free port; yields its URL and process id.
+
+    Its output goes to the test's own (``capfd`` reads it), or to ``log_path`` (at INFO: access lines too).
+    """
     port = free_port()
+    log = log_path.open("ab") if log_path is not None else None
     env = {**os.environ, "DATABASE_URL": database_url, **(extra_env or {})}
     proc = subprocess.Popen(
         [
@@ -101,7 +107,7 @@ def uvicorn_process(database_url: str, extra_env: dict[str, str] | None = None) 
             str(port),
             "--no-access-log",
             "--log-level",
-            "warning",
+            "warning" if log is None else "info",
             "--timeout-graceful-shutdown",
             "3",
             # As the Procfile and compose run it: the limits of LMSP_HTTP_* (docs/http.md).
@@ -113,6 +119,8 @@ def uvicorn_process(database_url: str, extra_env: dict[str, str] | None = None) 
         ],
         cwd=REPO,
         env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT if log is not None else None,
     )
     base = f"http://127.0.0.1:{port}"
     try:
@@ -133,3 +141,5 @@ def uvicorn_process(database_url: str, extra_env: dict[str, str] | None = None) 
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+        if log is not None:
+            log.close()

@@ -10,6 +10,7 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandParser
 
+from tasks_app.database_outages import outage_process_set
 from tasks_app.services.webhooks import webhook_deliveries_run
 
 logger = logging.getLogger("tasks_app.webhooks")
@@ -25,6 +26,7 @@ class Command(BaseCommand):
         parser.add_argument("--once", action="store_true", help="one round: send what is due now, then exit")
 
     def handle(self, *args: Any, **options: Any) -> None:
+        outage_process_set("webhooks")
         stop = threading.Event()
 
         def request_stop(signum: int, frame: Any) -> None:
