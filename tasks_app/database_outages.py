@@ -14,8 +14,9 @@ maintenance skips a round (docs/recovery.md, "While the database is away").
 :func:`database_unavailable_noted` and :func:`database_available_noted`
 keep the process's one outage record: its first failure logs one WARNING
 naming the database and what this process does meanwhile, and adds to
-``lmsp_database_unavailable_total``; the first success after it logs the end
-and the outage's length; the failures between log nothing. The success is
+``lmsp_database_unavailable_total``; once the database has answered for
+``SETTLE_SECONDS`` the end is logged with the outage's length; the failures
+between, and a flap within the settling second, log nothing. The success is
 seen by a statement wrapper every connection gets when it opens
 (:func:`outage_watch_install`), so whichever code path first reaches the
 database again ends the outage, without each caller saying so.
@@ -145,11 +146,20 @@ _MEANWHILE = {
 }
 
 
+# An outage ends once the database has answered for this long. A failure within it continues the outage (a
+# flapping network; a disk nearly full that takes a small write and refuses the next) instead of starting
+# another: one start line and one end line per outage, not a pair per flap.
+SETTLE_SECONDS = 1.0
+
+
 @dataclass
 class _Outage:
     reason: Unavailable
     since: float
     refused: int = 0
+    # Set by the first success after a failure: the token of the settle timer that may end the outage.
+    answered: object | None = None
+    answered_at: float = 0.0
 
 
 class _Watch:
@@ -164,6 +174,7 @@ class _Watch:
         with self._lock:
             if self.outage is not None:
                 self.outage.refused += 1
+                self.outage.answered = None
                 return
             self.outage = _Outage(reason, time.monotonic())
         logger.warning(
@@ -176,11 +187,22 @@ class _Watch:
         _count(self.process, reason)
 
     def succeeded(self) -> None:
+        token = object()
         with self._lock:
-            outage, self.outage = self.outage, None
-        if outage is None:
-            return
-        seconds = time.monotonic() - outage.since
+            outage = self.outage
+            if outage is None or outage.answered is not None:
+                return
+            outage.answered, outage.answered_at = token, time.monotonic()
+        timer = threading.Timer(SETTLE_SECONDS, self._settled, args=(outage, token))
+        timer.daemon = True
+        timer.start()
+
+    def _settled(self, outage: _Outage, token: object) -> None:
+        with self._lock:
+            if self.outage is not outage or outage.answered is not token:
+                return  # it failed again meanwhile: the outage goes on
+            self.outage = None
+        seconds = outage.answered_at - outage.since
         logger.warning(
             "database available again: %s after %.1f s (%s; %d more failures meanwhile)",
             database_described(),
@@ -208,7 +230,8 @@ def database_unavailable_noted(error: BaseException) -> Unavailable | None:
 
 
 def database_available_noted() -> None:
-    """The database just did what was asked: ends the outage under way, if any (logged once)."""
+    """The database just did what was asked: the outage under way, if any, ends once it has answered for
+    ``SETTLE_SECONDS`` (logged once)."""
     if _watch.outage is not None:
         _watch.succeeded()
 
@@ -216,7 +239,9 @@ def database_available_noted() -> None:
 def database_outage() -> tuple[Unavailable, float] | None:
     """The outage this process is in now, and for how many seconds; None when the database answered last."""
     outage = _watch.outage
-    return None if outage is None else (outage.reason, time.monotonic() - outage.since)
+    if outage is None or outage.answered is not None:
+        return None
+    return outage.reason, time.monotonic() - outage.since
 
 
 # A statement whose success proves that writes work again (a read succeeds on a read-only or full database,
@@ -231,7 +256,11 @@ def _observe(execute: Any, sql: str, params: Any, many: bool, context: dict[str,
         database_unavailable_noted(error)
         raise
     outage = _watch.outage
-    if outage is not None and (outage.reason is Unavailable.UNREACHABLE or sql.lstrip()[:6].upper() in _WRITES):
+    if (
+        outage is not None
+        and outage.answered is None
+        and (outage.reason is Unavailable.UNREACHABLE or sql.lstrip()[:6].upper() in _WRITES)
+    ):
         _watch.succeeded()
     return result
 

@@ -418,7 +418,8 @@ LONGEST_FILES = (
     *("test_batched_worker.py", "test_admin_browser.py", "test_crashes.py", "test_worker_drain.py"),
     *("test_http_server.py", "test_background_responses.py", "test_conversations_live.py"),
     *("test_lifecycle_machine.py", "test_tool_calls.py", "test_api_bad_input.py", "test_webhooks.py"),
-    *("test_cancel_race.py", "test_web_serving.py", "test_broker_outage.py", "test_streams.py"),
+    *("test_cancel_race.py", "test_database_outages.py", "test_web_serving.py", "test_broker_outage.py"),
+    "test_streams.py",
     "test_stream_redis_restart.py",
 )
 _FILE_RANK = {name: rank for rank, name in enumerate(LONGEST_FILES)}

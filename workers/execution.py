@@ -134,10 +134,14 @@ Result = TypeVar("Result")
 class DatabaseGaveUp(Exception):
     """The database could not be written for as long as a commit may wait (locked, or unreachable)."""
 
-    def __init__(self, verb: str, task_id: str | None, seconds: float, cause: BaseException) -> None:
+    def __init__(
+        self, verb: str, task_id: str | None, seconds: float, cause: BaseException, *, maybe_written: bool = False
+    ) -> None:
         super().__init__(f"{verb} for {task_id}: the database could not be written for {seconds:.0f} s ({cause})")
         self.seconds = seconds
         self.cause = cause
+        # A try broke on an open connection: its commit may have reached the database before the answer was lost.
+        self.maybe_written = maybe_written
 
 
 def _unavailable(exc: BaseException) -> bool:
@@ -149,7 +153,9 @@ def _committed(
 ) -> Result:
     """Call a lifecycle verb, retrying while the database cannot be written (its lock, or its connection).
 
-    A failed try wrote nothing, so trying again is exact. Another process
+    A failed try wrote nothing, or (a connection that broke after its commit
+    was sent) wrote it all: the verbs compare-and-set on the old status, so
+    trying again is exact either way. Another process
     frozen inside a transaction holds the lock until it thaws or dies; a
     connection that broke (a server restart, a cut network, a session the
     server ended) is dropped and opened again. Past ``patience`` (the
@@ -161,7 +167,9 @@ def _committed(
     subject = kwargs.get("task_id") if subject is None else subject
     started = time.monotonic()
     pause = 0.05
+    maybe_written = False
     while True:
+        connected = connection.connection is not None
         try:
             return verb(**kwargs)
         except (DatabaseBusy, DatabaseError) as exc:
@@ -170,8 +178,11 @@ def _committed(
             if not isinstance(exc, DatabaseBusy):
                 # A broken connection stays broken: the next try opens a new one.
                 connection.close()
+                maybe_written = maybe_written or connected
             if time.monotonic() + pause - started >= patience:
-                raise DatabaseGaveUp(verb.__name__, subject, time.monotonic() - started, exc) from exc
+                raise DatabaseGaveUp(
+                    verb.__name__, subject, time.monotonic() - started, exc, maybe_written=maybe_written
+                ) from exc
             # The outage itself is logged once per process (tasks_app.database_outages), not per try.
             database_unavailable_noted(exc)
             logger.debug(
@@ -408,9 +419,39 @@ def task_execute(*, task_id: str, worker: str, wait: bool = True, reserved: bool
     return held.outcome
 
 
+# The tasks a thread of this process is claiming or running now. A second message of one (a duplicate, the
+# sweeper's) is dropped here; and only a task absent from it may be taken up as this worker's own when the
+# database shows it ``loading`` under this worker's name (a claim whose answer the connection lost).
+_intakes: set[str] = set()
+_intakes_lock = threading.Lock()
+
+
 def _intake(task_id: str, worker: str) -> str | _Held:
     """Claim (or adopt), load, set up and start the task: its row, or how the task ended before."""
     broker.dispatch_marker_clear(task_id=task_id)
+    with _intakes_lock:
+        if task_id in _intakes:
+            logger.info("dropped message for task %s: a thread of this worker has it", task_id)
+            return "dropped"
+        _intakes.add(task_id)
+    outcome: str | _Held = "dropped"
+    try:
+        outcome = _intake_claimed(task_id, worker)
+        return outcome
+    finally:
+        if not isinstance(outcome, _Held):
+            with _intakes_lock:
+                _intakes.discard(task_id)
+
+
+def _claim_lost_in_transit(claim: TransitionResult, worker: str) -> bool:
+    """Whether a lost claim was this worker's own: a try whose commit reached the database while the
+    connection broke before its answer came (a server restart, a cut network), so that its retry found the
+    task already ``loading`` under this worker's name. No thread of this process has it (``_intakes``)."""
+    return not claim.won and claim.task.status == S.LOADING and claim.task.worker == worker
+
+
+def _intake_claimed(task_id: str, worker: str) -> str | _Held:
     close_old_connections()
     try:
         claim = _committed(lifecycle.task_claim, patience=CLAIM_PATIENCE_SECONDS, task_id=task_id, worker=worker)
@@ -422,14 +463,18 @@ def _intake(task_id: str, worker: str) -> str | _Held:
         logger.info("dropped message for task %s: no such task", task_id)
         return "missing"
     except DatabaseGaveUp as exc:
-        return _claim_not_reached(task_id, exc)
-    if not claim.won:
+        return _claim_not_reached(task_id, worker, exc)
+    ours = _claim_lost_in_transit(claim, worker)
+    if not claim.won and not ours:
         logger.info("dropped message for task %s: it is %s, not queued", task_id, claim.task.status)
         return "dropped"
-    logger.info("task %s %s by %s", task_id, "adopted to resume" if resuming else "claimed", worker)
+    how = "adopted to resume" if resuming else "claimed (its first claim's answer was lost)" if ours else "claimed"
+    logger.info("task %s %s by %s", task_id, how, worker)
     metrics = RunMetrics(worker=worker, accepted_at=None if resuming else claim.task.created_at)
     with ExitStack() as resources:
-        # Released in this order when the run ends: the model's lease, the cancel watch, the metrics.
+        # Released in this order when the run ends: the model's lease, the cancel watch, the metrics, the
+        # task's place in _intakes.
+        resources.callback(_intake_ended, task_id)
         resources.callback(metrics.run_ended)
         cancelled = cancel_watcher.watch(task_id)
         resources.callback(cancel_watcher.unwatch, task_id)
@@ -447,18 +492,27 @@ def _intake(task_id: str, worker: str) -> str | _Held:
         return outcome
 
 
-def _claim_not_reached(task_id: str, exc: DatabaseGaveUp) -> str:
-    """The claim could not reach the database, so nothing was written: the task is as it was, still waiting.
+def _intake_ended(task_id: str) -> None:
+    with _intakes_lock:
+        _intakes.discard(task_id)
+
+
+def _claim_not_reached(task_id: str, worker: str, exc: DatabaseGaveUp) -> str:
+    """The claim could not reach the database: the task is as it was, still waiting, or (a try whose
+    answer the broken connection lost) ``loading`` under this worker's name.
 
     Its message must not go with this try: after a pause (a cut-off worker
     must not spin on it), a new one goes on the queue, with its marker, before
     this one is acknowledged. A worker that can reach the database takes it,
-    or this one once it can. If Redis fails too, the sweeper sends it (no
-    marker vouches for it).
+    or this one once it can. When a try broke on an open connection (its
+    commit may have landed) the message prefers this worker's node, which
+    alone can take the task up then (``_claim_lost_in_transit``); a worker
+    that never reached the database sends it to any. If Redis fails too, the
+    sweeper sends it (no marker vouches for it).
     """
-    logger.warning("task %s: %s; sending its message again", task_id, exc)
+    logger.info("task %s: %s; sending its message again", task_id, exc)
     time.sleep(CLAIM_RETRY_PAUSE_SECONDS)
-    task_dispatch(task_id=task_id)
+    task_dispatch(task_id=task_id, prefer_worker=worker if exc.maybe_written else "")
     return "sent again"
 
 
@@ -508,6 +562,16 @@ def _load_failure(run: _Run, exc: Exception, sources: Iterable[TaskStatus]) -> s
     return _fail(run, ModelLoadFailed(f"Model {run.model_name!r} could not be loaded").to_problem(), sources)
 
 
+def _model_leased(run: _Run, resources: ExitStack) -> LoadedModel:
+    """The run's model, leased until ``resources`` close. Its record is read from the database: an outage
+    there is waited out as a commit's is, never taken for a model that does not load."""
+
+    def model_lease() -> LoadedModel:
+        return resources.enter_context(model_cache().lease(run.model_name))
+
+    return _committed(model_lease, subject=run.task_id)
+
+
 def _run(
     task_id: str,
     worker: str,
@@ -516,7 +580,9 @@ def _run(
     metrics: RunMetrics,
     resources: ExitStack,
 ) -> str | _Held:
-    model_name, request = task_run_request(task_id=task_id)
+    # The run's reads wait out a database that is away as its commits do (_committed): an outage while a
+    # task starts must not fail it, nor leave it to the reaper.
+    model_name, request = _committed(task_run_request, task_id=task_id)
     # Later turns of this conversation that the client echoes back prefer this node (tasks_app.affinity).
     affinity_remember(request=request, worker=worker)
     run = _Run(
@@ -529,7 +595,9 @@ def _run(
         calls_tools=_calls_tools(request),
     )
     try:
-        model = resources.enter_context(model_cache().lease(model_name))
+        model = _model_leased(run, resources)
+    except DatabaseGaveUp:
+        raise
     except Exception as exc:
         return _load_failure(run, exc, [S.LOADING])
     try:
@@ -550,9 +618,9 @@ def _resume(
     resources: ExitStack,
 ) -> str | _Held:
     """Continue a task from its snapshot: the same output item, right after its last committed event."""
-    model_name, request = task_run_request(task_id=task_id)
-    stored = task_snapshot_get(task_id=task_id)
-    _, text = task_output_text(task_id=task_id)
+    model_name, request = _committed(task_run_request, task_id=task_id)
+    stored = _committed(task_snapshot_get, task_id=task_id)
+    _, text = _committed(task_output_text, task_id=task_id)
     item_id = stored.last_state.get("item_id") if stored is not None else None
     run = _Run(
         task_id=task_id,
@@ -572,7 +640,9 @@ def _resume(
         return _fail(run, problem, sources=[S.RUNNING])
     run.stored_tokens, run.prompt_stored = len(stored.token_ids), True
     try:
-        model = resources.enter_context(model_cache().lease(model_name))
+        model = _model_leased(run, resources)
+    except DatabaseGaveUp:
+        raise
     except Exception as exc:
         return _load_failure(run, exc, [S.RUNNING])
     fmt = _tool_format(model, model_name)
@@ -583,7 +653,7 @@ def _resume(
         run.tools = _ToolRun(
             ToolCallParser(fmt, max_calls=tool_calls.tool_choice_of(request).max_calls),
             OutputItems(
-                task_output_items(task_id=task_id),
+                _committed(task_output_items, task_id=task_id),
                 call_id_length=fmt.call_id_length,
                 namespaces=tool_calls.namespaces(request),
             ),

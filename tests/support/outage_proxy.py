@@ -3,9 +3,11 @@
 ``down()``: every connection through it is closed at once (the client reads
 "server closed the connection unexpectedly" mid-statement, or finds it closed
 at the next one) and new connections are refused, as while the server is
-stopped. ``up()``: it listens again on the same port, in front of the same
-database, as a server restarted on the same data. The real server never
-stops, so the other tests of the run, and the test's own connection, go on.
+stopped; ``down_after(pattern)`` does so the moment a client sends a
+statement holding ``pattern``, which then gets no answer. ``up()``: it
+listens again on the same port, in front of the same database, as a server
+restarted on the same data. The real server never stops, so the other tests
+of the run, and the test's own connection, go on.
 """
 
 from __future__ import annotations
@@ -26,7 +28,15 @@ class OutageProxy:
         self._open: set[socket.socket] = set()
         self._listener: socket.socket | None = None
         self.connections = 0
+        self._pattern: bytes | None = None
+        self.went_down = threading.Event()
         self.up()
+
+    def down_after(self, pattern: bytes) -> None:
+        """Go down the moment a client sends ``pattern`` (forwarded first): its statement gets no answer."""
+        with self._lock:
+            self._pattern = pattern
+            self.went_down.clear()
 
     def up(self) -> None:
         with self._lock:
@@ -82,6 +92,11 @@ class OutageProxy:
         try:
             while data := source.recv(65536):
                 sink.sendall(data)
+                pattern = self._pattern
+                if pattern is not None and pattern in data:
+                    self._pattern = None
+                    self.down()
+                    self.went_down.set()
         except OSError:
             pass
         for sock in (source, sink):
