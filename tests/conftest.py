@@ -298,6 +298,21 @@ def slow_device_worker_proc(
         yield worker
 
 
+@pytest.fixture(scope="module")
+def patient_fold_worker_proc(
+    django_db_setup, django_db_blocker, worker_models_root: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[WorkerProcess]:
+    """A worker whose start waits up to 2 s for the first token to commit both at once (LMSP_START_FOLD_MS).
+
+    The default 25 ms is what a user's short prompt needs; a loaded CI machine sometimes takes longer for the
+    first token, which is right (two commits), but not what a test of the fold can check.
+    """
+    log_dir = tmp_path_factory.mktemp("patient-fold-worker")
+    queue = f"{WORKER_QUEUE}-patient-fold"
+    with shared_worker(django_db_blocker, worker_models_root, log_dir, queue=queue, LMSP_START_FOLD_MS="2000") as w:
+        yield w
+
+
 def _running(settings, worker: WorkerProcess, worker_models_root: Path) -> Iterator[WorkerProcess]:
     settings.LMSP_TASK_QUEUE = worker.queue
     settings.LMSP_MODELS_DIR = worker_models_root
@@ -319,6 +334,14 @@ def _running(settings, worker: WorkerProcess, worker_models_root: Path) -> Itera
 def running_worker(transactional_db, demo_model, celery_worker_proc: WorkerProcess, worker_models_root: Path, settings):
     """A live worker consuming this test's dispatches; the test's tasks end before the next test."""
     yield from _running(settings, celery_worker_proc, worker_models_root)
+
+
+@pytest.fixture
+def running_patient_fold_worker(
+    transactional_db, demo_model, patient_fold_worker_proc: WorkerProcess, worker_models_root: Path, settings
+):
+    """``running_worker``, on the worker that waits 2 s to fold the start (``patient_fold_worker_proc``)."""
+    yield from _running(settings, patient_fold_worker_proc, worker_models_root)
 
 
 @pytest.fixture
@@ -400,6 +423,7 @@ def private_stack(transactional_db, make_client, worker_models_root: Path, tmp_p
 PROCESS_FIXTURES = frozenset(
     {
         *("web_server", "celery_worker_proc", "running_worker", "lab", "private_stack", "page"),
+        "patient_fold_worker_proc",
         # A module's own servers: tests/test_real_models.py, test_http_server.py, test_stream_limits.py,
         # test_edge_security.py.
         *("whole_prompt_stack", "chunked_stack", "edge", "limited", "edge_server"),

@@ -361,8 +361,8 @@ def test_post_responses_is_the_only_method(api, method):
     assert reply.status_code == 405
 
 
-def test_a_short_prompt_starts_and_commits_its_first_delta_in_one_transaction(api, running_worker):
-    """The start waits a few milliseconds for the first token (LMSP_START_FOLD_MS): one commit shows both."""
+def test_a_short_prompt_starts_and_commits_its_first_delta_in_one_transaction(api, running_patient_fold_worker):
+    """The start waits for the first token (up to LMSP_START_FOLD_MS): one commit shows both."""
     task = create(api, "Say something", max_output_tokens=60, seed=3)
     done = wait_for_status(api, task["id"], TERMINAL)
     assert done["status"] == "succeeded"
