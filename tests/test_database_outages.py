@@ -437,15 +437,25 @@ def test_a_full_disk_answers_507_keeps_the_running_task_and_resumes_when_room_is
                 with sqlite3.connect(database, timeout=30) as raw:
                     raw.execute("PRAGMA wal_checkpoint(TRUNCATE)")
                 filler = _fill(disk)
-                status, headers, body = call_with_headers(base, "POST", "/lmsp/v1/tasks", token=token, body=task_body())
+                # A write may still fit in log pages that a failed write left allocated: every answer is a 507
+                # or a 202 whose task is kept, and the disk refuses within a few tries.
+                accepted_meanwhile: list[str] = []
+                for _ in range(5):
+                    status, headers, body = call_with_headers(
+                        base, "POST", "/lmsp/v1/tasks", token=token, body=task_body()
+                    )
+                    if status != 202:
+                        break
+                    accepted_meanwhile.append(body["id"])
                 assert_retryable_problem(status, headers, body, code=507)
                 wait_until(lambda: outage_lines(logs["worker"])[0], what="the worker never met the full disk")
                 filler.unlink()
                 events = seen + stream.all()
             numbers = [int(event.id) for event in events]
             assert numbers == list(range(numbers[0], numbers[0] + len(numbers))), numbers
-            done = wait_until(lambda: finished(base, token, task["id"]), what="the task never ended", timeout=120)
-            assert done["status"] == "succeeded", done
+            for task_id in (task["id"], *accepted_meanwhile):
+                done = wait_until(lambda task_id=task_id: finished(base, token, task_id), what="no end", timeout=120)
+                assert done["status"] == "succeeded", done
             status, after = call(base, "POST", "/lmsp/v1/tasks", token=token, body=task_body())
             assert status == 202, after
             wait_until(lambda: all(outage_lines(log)[1] for log in logs.values()), what="an end was never logged")
