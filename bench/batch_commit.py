@@ -26,7 +26,7 @@ def main() -> None:
     args = parser.parse_args()
 
     django_in_scratch("batch", database_url=args.database_url)
-    from tasks_app import lifecycle
+    from tasks_app.core import lifecycle
     from tasks_app.services.clients import client_create
 
     client, _ = client_create(name="bench", scopes="responses")

@@ -41,8 +41,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from fixture_models.demo import build_demo_model  # noqa: E402
-from tasks_app.response_formats import format_grammar  # noqa: E402
-from tasks_app.tool_calls import FORMATS, tools_grammar  # noqa: E402
+from tasks_app.generation.structured_output import format_grammar  # noqa: E402
+from tasks_app.generation.tool_calls import FORMATS, tools_grammar  # noqa: E402
 from workers.backends.base import EngineObserver, SamplingParams  # noqa: E402
 from workers.backends.constraints import ConstraintTokenizer, OutputConstraint  # noqa: E402
 from workers.backends.onnx.engine import BatchEngine  # noqa: E402
@@ -144,7 +144,7 @@ def masks_bench(cache: Path, *, steps: int, seed: int) -> dict[str, Any]:
     built = time.perf_counter() - started
     grammars = {
         "json_schema": format_grammar({"text": {"format": {"type": "json_schema", "name": "w", "schema": WEATHER}}}),
-        # The service's own grammars (tasks_app.tool_calls), Hermes/Qwen format: a call from the first token,
+        # The service's own grammars (tasks_app.generation.tool_calls), Hermes/Qwen format: a call from the first token,
         # and auto (free text, calls after the <tool_call> marker: a lazy trigger).
         "tool_call": tools_grammar({"tools": TOOLS, "tool_choice": "required"}, FORMATS["hermes"], token_ids={}),
         "tool_auto": tools_grammar({"tools": TOOLS, "tool_choice": "auto"}, FORMATS["hermes"], token_ids={}),

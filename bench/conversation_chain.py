@@ -40,10 +40,10 @@ def main() -> None:
     from django.test import Client as HttpClient
     from django.test.utils import CaptureQueriesContext
 
-    from tasks_app import lifecycle
+    from tasks_app.core import lifecycle
+    from tasks_app.core.wire import usage_object
     from tasks_app.models import Response, Task
     from tasks_app.services.clients import client_create
-    from tasks_app.wire import usage_object
 
     demo_model_register(scratch)
     _, token = client_create(name=f"bench-{time.time_ns()}", scopes="responses,read")

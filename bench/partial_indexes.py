@@ -9,7 +9,7 @@ query in two forms and checks that both return the same rows:
 
 - before: ``status=...`` / ``status__in=[...]`` as the services wrote them
   (Django binds the statuses as parameters);
-- after: ``tasks_app.querying.status_in``, as the services write them now.
+- after: ``tasks_app.plumbing.querying.status_in``, as the services write them now.
 
 The queries: ``task_accept``'s count of queued tasks (run for every new
 task), a page of startup recovery's keyset scan, a page of the reaper's, one
@@ -61,11 +61,11 @@ def main() -> None:
     from django.db.models import Count, Q
     from django.utils import timezone
 
-    from tasks_app import lifecycle
+    from tasks_app.core import lifecycle
     from tasks_app.exceptions import ServerRestarted
     from tasks_app.ids import new_response_id, new_task_id
     from tasks_app.models import Response, Task
-    from tasks_app.querying import status_in
+    from tasks_app.plumbing.querying import status_in
     from tasks_app.services.clients import client_create
     from tasks_app.services.dispatch import SWEEP_BATCH
     from tasks_app.services.recovery import _FIELDS

@@ -50,9 +50,9 @@ def main() -> None:
     from django.test import Client as HttpClient
     from django.utils import timezone
 
-    from tasks_app import selectors
     from tasks_app.ids import new_response_id, new_task_id
     from tasks_app.models import ModelRecord, Response, Task
+    from tasks_app.selectors import tasks as selectors
     from tasks_app.services.clients import client_create
     from tasks_app.services.responses import response_start
     from tasks_app.states import ResponseStatus, TaskStatus

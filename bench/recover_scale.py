@@ -64,7 +64,7 @@ def main() -> None:
     from django.db import connection, transaction
     from django.utils import timezone
 
-    from tasks_app import lifecycle
+    from tasks_app.core import lifecycle
     from tasks_app.exceptions import ServerRestarted
     from tasks_app.models import Task
     from tasks_app.services.clients import client_create

@@ -47,7 +47,7 @@ def django_in_scratch(name: str, *, database_url: str | None = None, env: dict[s
 def _redis_namespace_drop(prefix: str) -> None:
     """Leave nothing of the bench in Redis: its keys and queues, and kombu's bindings of its queues."""
     try:
-        from tasks_app.notify import redis_client
+        from tasks_app.plumbing.notify import redis_client
 
         client = redis_client()
         for pattern in (f"{prefix}*", f"_kombu.binding.{prefix}*"):
@@ -61,7 +61,7 @@ def demo_model_register(scratch: Path) -> None:
     """Build the never-ending demo model as ``demo`` under ``scratch/models`` and register it (on any commit)."""
     try:
         from fixture_models.demo import build_demo_model
-        from tasks_app.services.model_scan import model_scan
+        from tasks_app.registry.scan import model_scan
     except ImportError:  # before issue 13 gave the builders and the scan their own names
         from tasks_app.services.models import model_scan  # type: ignore[no-redef]
         from workers.demo_model import build_demo_model  # type: ignore[no-redef]

@@ -31,7 +31,7 @@ def main() -> None:
     from django.db import connection
     from django.db.backends.signals import connection_created
 
-    from tasks_app import lifecycle
+    from tasks_app.core import lifecycle
     from tasks_app.models import Task
     from tasks_app.services.clients import client_create
     from workers.execution import task_execute

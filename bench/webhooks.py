@@ -52,7 +52,7 @@ def main() -> None:
     )
     from django.db import connection
 
-    from tasks_app import lifecycle
+    from tasks_app.core import lifecycle
     from tasks_app.models import WebhookDelivery
     from tasks_app.services.clients import client_create
     from tasks_app.services.webhooks import EVENT_TYPES, webhook_deliveries_run, webhook_endpoint_create

@@ -69,7 +69,7 @@ def main() -> None:
     from django.db import connection
     from django.utils import timezone
 
-    from tasks_app import lifecycle
+    from tasks_app.core import lifecycle
     from tasks_app.services.clients import client_create
     from tasks_app.services.recovery import LiveWorkers, leftover_tasks_recover
 

@@ -10,7 +10,7 @@ view pays for a new connection per request (docs/scaling.md, bench/README.md).
 ``LMSP_WEB_THREADS=0`` sends everything through the ASGI handler, as before.
 
 A web process also sends the run messages of the tasks it accepted from a
-thread of its own (``tasks_app.dispatch_sender``), after the ``202``.
+thread of its own (``tasks_app.plumbing.dispatch_sender``), after the ``202``.
 """
 
 import os
@@ -31,9 +31,9 @@ django_application = ASGIStaticFilesHandler(get_asgi_application())
 from django.conf import settings  # noqa: E402  (after setup)
 
 from lmsp_project.wsgi_bridge import Receive, Scope, Send, WsgiBridge  # noqa: E402
-from tasks_app.api.sse import ASGIApp, EventStreamMiddleware  # noqa: E402  (needs the apps loaded)
-from tasks_app.database_outages import outage_process_set  # noqa: E402
-from tasks_app.dispatch_sender import dispatch_sender_start  # noqa: E402
+from tasks_app.edge.sse import ASGIApp, EventStreamMiddleware  # noqa: E402  (needs the apps loaded)
+from tasks_app.plumbing.database_outages import outage_process_set  # noqa: E402
+from tasks_app.plumbing.dispatch_sender import dispatch_sender_start  # noqa: E402
 
 streams_application = EventStreamMiddleware(django_application)
 outage_process_set("web")

@@ -21,17 +21,17 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "lmsp_project.settings")
 
 app = Celery("lmsp_project")
 app.config_from_object("django.conf:settings", namespace="CELERY")
-# workers.shutdown: one line per task a stop interrupts, instead of tracebacks. workers.affinity: the
-# node's own queue and its presence (tasks_app.affinity).
-app.conf.imports = ("workers.tasks", "workers.shutdown", "workers.affinity")
+# workers.shutdown: one line per task a stop interrupts, instead of tracebacks. workers.presence: the
+# node's own queue and its presence (tasks_app.plumbing.affinity).
+app.conf.imports = ("workers.tasks", "workers.shutdown", "workers.presence")
 
 
 @app.on_after_finalize.connect
 def _schedule_maintenance(sender: Celery, **kwargs: object) -> None:
-    # Imported once the app is finalized: tasks_app.broker imports this module's app.
+    # Imported once the app is finalized: tasks_app.plumbing.broker imports this module's app.
     from django.conf import settings
 
-    from tasks_app.broker import CLEANUP_TASK, REAP_TASK, SWEEP_TASK
+    from tasks_app.plumbing.broker import CLEANUP_TASK, REAP_TASK, SWEEP_TASK
 
     jobs = (
         ("sweep waiting tasks", SWEEP_TASK, settings.LMSP_SWEEP_INTERVAL_SECONDS),

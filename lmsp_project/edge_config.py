@@ -26,7 +26,7 @@ def allowed_hosts_default(bound_host: str) -> list[str]:
 
 
 def env_networks(name: str) -> list[str]:
-    """Addresses and CIDR networks, checked; kept as text (``tasks_app.api.throttles`` compiles them)."""
+    """Addresses and CIDR networks, checked; kept as text (``tasks_app.edge.throttles`` compiles them)."""
     networks = []
     for entry in env_list(name):
         try:

@@ -110,16 +110,16 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
-    # One access line per request, whatever answers it (tasks_app/access_log.py).
-    "tasks_app.access_log.AccessLogMiddleware",
+    # One access line per request, whatever answers it (tasks_app/edge/access_log.py).
+    "tasks_app.edge.access_log.AccessLogMiddleware",
     # A foreign Host header is a 400 problem before anything reads the host.
-    "tasks_app.hosts.AllowedHostMiddleware",
+    "tasks_app.edge.hosts.AllowedHostMiddleware",
     # Next, so oversized bodies are refused before anything reads them.
-    "tasks_app.middleware.RequestSizeLimitMiddleware",
+    "tasks_app.edge.middleware.RequestSizeLimitMiddleware",
     # A database that is away, read-only, full or locked past the lock timeout is a 503 (507) problem, not a 500.
-    "tasks_app.middleware.DatabaseUnavailableMiddleware",
+    "tasks_app.edge.middleware.DatabaseUnavailableMiddleware",
     # Cross-origin reads of the event streams (LMSP_CORS_ORIGINS), preflights answered here.
-    "tasks_app.cors.StreamCorsMiddleware",
+    "tasks_app.edge.cors.StreamCorsMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -158,7 +158,7 @@ DATABASE_URL = os.environ.get("DATABASE_URL") or f"sqlite:///{DEFAULT_SQLITE_PAT
 # PostgreSQL row lock) before its statement fails and writes nothing: a
 # request then answers 503 with Retry-After, a worker retries its commit.
 # A process frozen inside a transaction holds its lock until it thaws or
-# dies; nobody waits on it longer than this (tasks_app/db_locks.py).
+# dies; nobody waits on it longer than this (tasks_app/plumbing/db_locks.py).
 # LMSP_SQLITE_BUSY_TIMEOUT_SECONDS is the older name, still read.
 LMSP_DB_LOCK_TIMEOUT_SECONDS = float(
     os.environ.get("LMSP_DB_LOCK_TIMEOUT_SECONDS") or os.environ.get("LMSP_SQLITE_BUSY_TIMEOUT_SECONDS") or "5"
@@ -219,7 +219,7 @@ if _db["ENGINE"] == "django.db.backends.sqlite3":
     _db["CONN_HEALTH_CHECKS"] = False
 else:
     _db["CONN_HEALTH_CHECKS"] = True
-    # Row locks are waited on for a bounded time as well (tasks_app/db_locks.py); and a client that goes
+    # Row locks are waited on for a bounded time as well (tasks_app/plumbing/db_locks.py); and a client that goes
     # silent (a host cut off, a frozen process) loses its session, and with it every lock it held, within
     # seconds instead of the kernel's keepalive defaults (2 h 11 min): the server ends a transaction left
     # idle for LMSP_DB_IDLE_IN_TRANSACTION_SECONDS and probes or drops a silent connection; the client side
@@ -258,12 +258,12 @@ STATIC_ROOT = DATA_DIR / "static"
 
 # --- REST framework -------------------------------------------------------
 REST_FRAMEWORK = {
-    "DEFAULT_AUTHENTICATION_CLASSES": ["tasks_app.auth.BearerTokenAuthentication"],
-    "DEFAULT_PERMISSION_CLASSES": ["tasks_app.auth.HasRequiredScopes"],
-    "DEFAULT_PARSER_CLASSES": ["tasks_app.api.parsers.StrictJSONParser"],
+    "DEFAULT_AUTHENTICATION_CLASSES": ["tasks_app.edge.auth.BearerTokenAuthentication"],
+    "DEFAULT_PERMISSION_CLASSES": ["tasks_app.edge.auth.HasRequiredScopes"],
+    "DEFAULT_PARSER_CLASSES": ["tasks_app.edge.parsers.StrictJSONParser"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
-    "DEFAULT_CONTENT_NEGOTIATION_CLASS": "tasks_app.api.negotiation.JSONOnlyNegotiation",
-    "EXCEPTION_HANDLER": "tasks_app.api.problems.exception_handler",
+    "DEFAULT_CONTENT_NEGOTIATION_CLASS": "tasks_app.edge.negotiation.JSONOnlyNegotiation",
+    "EXCEPTION_HANDLER": "tasks_app.edge.problems.exception_handler",
     # No OPTIONS self-description: the OpenAPI schema documents the API.
     "DEFAULT_METADATA_CLASS": None,
     "UNAUTHENTICATED_USER": None,
@@ -406,7 +406,7 @@ if not 0 < LMSP_KV_CACHE_SHARE <= 1:
 LMSP_PREFIX_CACHE = _env_bool("LMSP_PREFIX_CACHE", True)
 # Send a response that continues another (previous_response_id) to the worker node that ran the one
 # before it, while that node is alive and has room: its prefix cache holds the conversation
-# (tasks_app.affinity). Off: every task goes to the shared queue. Read by the web process.
+# (tasks_app.plumbing.affinity). Off: every task goes to the shared queue. Read by the web process.
 LMSP_AFFINITY = _env_bool("LMSP_AFFINITY", True)
 # Threads that sample one decode step's rows side by side (docs/workers.md):
 # at a real vocabulary (150k logits) a sampled row costs ~0.3 ms of NumPy work
@@ -557,7 +557,7 @@ CELERY_BEAT_SCHEDULE_FILENAME = str(DATA_DIR / "celerybeat-schedule")
 DATA_UPLOAD_MAX_MEMORY_SIZE = LMSP_MAX_REQUEST_BYTES
 
 # --- Logging -----------------------------------------------------------------
-# One line per request on lmsp.access (tasks_app/access_log.py; uvicorn's own
+# One line per request on lmsp.access (tasks_app/edge/access_log.py; uvicorn's own
 # access log is off), so django.request's warning per 4xx would say it twice:
 # it keeps its errors (5xx, with their tracebacks). Celery's routine lines
 # about the maintenance jobs (sent, received, succeeded, three per round) show

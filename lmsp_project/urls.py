@@ -16,7 +16,7 @@ urlpatterns = [
     path("healthz", health_view, name="health"),
 ]
 
-handler400 = "tasks_app.api.problems.handler400"
-handler403 = "tasks_app.api.problems.handler403"
-handler404 = "tasks_app.api.problems.handler404"
-handler500 = "tasks_app.api.problems.handler500"
+handler400 = "tasks_app.edge.problems.handler400"
+handler403 = "tasks_app.edge.problems.handler403"
+handler404 = "tasks_app.edge.problems.handler404"
+handler500 = "tasks_app.edge.problems.handler500"

@@ -8,6 +8,6 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "lmsp_project.settings")
 
 application = get_wsgi_application()
 
-from tasks_app.database_outages import outage_process_set  # noqa: E402  (after setup)
+from tasks_app.plumbing.database_outages import outage_process_set  # noqa: E402  (after setup)
 
 outage_process_set("web")

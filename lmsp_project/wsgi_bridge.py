@@ -6,7 +6,7 @@ own database connection objects (asgiref's ``Local`` is context-local) and on
 SQLite opens a new connection and registers its SQL functions every time.
 ``run_in_executor`` copies no context: each pool thread keeps the connections
 it opened, reused across requests like a WSGI worker thread's (see
-``tasks_app.dbpool``, which does the same for the streams' reads).
+``tasks_app.plumbing.dbpool``, which does the same for the streams' reads).
 
 PEP 3333 on one side, ASGI HTTP on the other. The request body is read in
 full (up to ``max_body`` bytes: what lies beyond is not read, the app sees a

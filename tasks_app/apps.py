@@ -7,6 +7,6 @@ class TasksAppConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from tasks_app.database_outages import outage_watch_install
+        from tasks_app.plumbing.database_outages import outage_watch_install
 
         outage_watch_install()

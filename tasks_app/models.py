@@ -1,8 +1,8 @@
 """Tables of chapter 11.1 and the invariants the database itself can hold.
 
-Status columns are only ever written by ``tasks_app.lifecycle``; nothing here
+Status columns are only ever written by ``tasks_app.core.lifecycle``; nothing here
 overrides ``save()`` or reacts to signals. The statuses, their groups and the
-event types are ``tasks_app.states`` and ``tasks_app.events``.
+event types are ``tasks_app.states`` and ``tasks_app.core.events``.
 """
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ from __future__ import annotations
 from django.db import models
 from django.db.models import F, Q
 
-from tasks_app import events, states
+from tasks_app import states
+from tasks_app.core import events
 from tasks_app.fields import EventPayloadField, JSONTextField
 from tasks_app.model_layouts import LAYOUT_GENAI, LAYOUT_ONNX_COMMUNITY, LAYOUT_OPTIMUM, LAYOUT_OPTIMUM_MERGED
 from tasks_app.states import ResponseStatus, RestartPolicy, TaskStatus
@@ -251,7 +252,7 @@ class TaskSnapshot(models.Model):
     first row of an attempt also holds the prompt ids. Rewriting the whole
     state with each batch would write O(n²) bytes over a long generation;
     appending writes each token id once. The rows go when the task ends or
-    starts over (``tasks_app.lifecycle``); ``selectors.task_snapshot_get``
+    starts over (``tasks_app.core.lifecycle``); ``selectors.task_snapshot_get``
     puts them back together.
     """
 
@@ -371,7 +372,7 @@ class WebhookEndpoint(models.Model):
 class WebhookDelivery(models.Model):
     """One event for one endpoint: the outbox row the deliverer sends until it is delivered or given up.
 
-    Written in the transaction that ends the task (``tasks_app.lifecycle``),
+    Written in the transaction that ends the task (``tasks_app.core.lifecycle``),
     so an event is delivered exactly when its task's end was committed.
     ``response_id`` and ``task_id`` are plain columns: deleting a response
     does not take its pending delivery with it.

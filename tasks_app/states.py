@@ -2,7 +2,7 @@
 
 In the manner of Celery's ``states.py``: every other module imports a status,
 a group or a table from here, and none spells out a set of statuses itself.
-``tasks_app.lifecycle`` applies the tables; this module only states them.
+``tasks_app.core.lifecycle`` applies the tables; this module only states them.
 
 Groups are frozensets, for membership tests. Where SQL needs a group written
 out in a fixed order (the partial indexes' predicates, which SQLite compares

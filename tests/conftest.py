@@ -13,8 +13,8 @@ import pytest
 import redis
 
 from tasks_app.models import Client, ModelRecord
+from tasks_app.registry.scan import model_scan
 from tasks_app.services.clients import client_create
-from tasks_app.services.model_scan import model_scan
 from tests.support import flush
 from tests.support.api import ApiClient
 from tests.support.built import built_once
@@ -165,7 +165,7 @@ def _close_db_pool(django_db_setup) -> Iterator[None]:
     """Views run in this process read through ``dbpool``; its connections
     must close before the test database is dropped."""
     yield
-    from tasks_app.dbpool import close_pool
+    from tasks_app.plumbing.dbpool import close_pool
 
     close_pool()
 
@@ -227,7 +227,7 @@ def other_api(make_client, demo_model) -> ApiClient:
 @pytest.fixture
 def queue(transactional_db, settings, request: pytest.FixtureRequest) -> Iterator[str]:
     """A task queue nobody consumes, for this test alone, emptied before and after."""
-    from tasks_app.notify import redis_client
+    from tasks_app.plumbing.notify import redis_client
 
     name = f"{REDIS_PREFIX}-queue-{request.node.name}"
     settings.LMSP_TASK_QUEUE = name

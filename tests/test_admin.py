@@ -23,15 +23,16 @@ from django.core.management import call_command
 from django.db import transaction
 from django.test import Client as Browser
 
-from tasks_app import lifecycle, selectors
 from tasks_app.admin import BoundedCountAdmin, TaskAdmin
+from tasks_app.core import lifecycle
+from tasks_app.core.output_items import OutputItems
+from tasks_app.core.wire import usage_object
 from tasks_app.exceptions import ServerRestarted
 from tasks_app.models import Client, IdempotencyKey, ModelRecord, Task, TaskEvent
-from tasks_app.output_items import OutputItems
+from tasks_app.registry.scan import model_scan
+from tasks_app.selectors import tasks as selectors
 from tasks_app.services.idempotency import idempotency_claim
-from tasks_app.services.model_scan import model_scan
 from tasks_app.states import TaskStatus
-from tasks_app.wire import usage_object
 from tests.test_query_plans import assert_read_through, statements, tasks_selects
 
 S = TaskStatus

@@ -23,8 +23,8 @@ import pytest
 from django.contrib.auth.models import User
 from django.db import connections
 
-from tasks_app import selectors
 from tasks_app.models import Task, TaskEvent
+from tasks_app.selectors import tasks as selectors
 from tasks_app.states import TaskStatus
 from tests.support.demo import ENDLESS_MODEL
 from tests.support.tasks import create, wait_for_status

@@ -1,4 +1,4 @@
-"""A continued conversation goes to the worker that holds its prefix cache (``tasks_app.affinity``).
+"""A continued conversation goes to the worker that holds its prefix cache (``tasks_app.plumbing.affinity``).
 
 First the routing decision alone (a real Redis, no worker): where the run
 message of a response that continues another lands, for each state of the
@@ -15,8 +15,9 @@ from typing import Any
 
 import pytest
 
-from tasks_app import lifecycle
-from tasks_app.affinity import (
+from tasks_app.core import lifecycle
+from tasks_app.models import Task
+from tasks_app.plumbing.affinity import (
     affinity_announce,
     affinity_queue,
     affinity_queue_for,
@@ -25,8 +26,7 @@ from tasks_app.affinity import (
     conversation_key,
     node_of,
 )
-from tasks_app.models import Task
-from tasks_app.notify import redis_client
+from tasks_app.plumbing.notify import redis_client
 from tests.support.demo import ENDLESS_MODEL
 from tests.support.namespace import REDIS_PREFIX
 from tests.support.queues import queued_ids

@@ -179,7 +179,7 @@ def test_read_scope_cannot_post_a_task(reader):
 
 
 def test_read_scope_cannot_cancel_even_its_own_task(reader, make_client):
-    from tasks_app import lifecycle
+    from tasks_app.core import lifecycle
 
     task = lifecycle.task_insert(client=reader.client, request={"model": "demo", "input": "x"}, model="demo")
     before = task_row(task.id)

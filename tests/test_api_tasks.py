@@ -8,8 +8,8 @@ import pytest
 from django.db import transaction
 from rest_framework.views import APIView
 
-from tasks_app import lifecycle
 from tasks_app.api.views import TaskCollectionView
+from tasks_app.core import lifecycle
 from tasks_app.exceptions import BackendError
 from tasks_app.ids import is_prefixed_ulid
 from tasks_app.models import Client, Task, TaskEvent

@@ -8,7 +8,7 @@ from collections import defaultdict
 
 import pytest
 
-from tasks_app import lifecycle
+from tasks_app.core import lifecycle
 from tasks_app.models import Task, TaskEvent
 from tasks_app.states import TaskStatus
 from tests.support import procs

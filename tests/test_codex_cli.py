@@ -29,7 +29,7 @@ import pytest
 from tokenizers import Tokenizer
 
 from tasks_app.models import Response
-from tasks_app.services.model_scan import model_scan
+from tasks_app.registry.scan import model_scan
 from tests.support.codex_scripted import scripted_after_prompt
 from tests.support.server import REPO
 

@@ -15,7 +15,7 @@ from django.db import connection
 from django.test import Client as HttpClient
 from django.utils import timezone
 
-from tasks_app.api.throttles import throttle_reset
+from tasks_app.edge.throttles import throttle_reset
 from tasks_app.models import Client, PairingCode, Task
 from tasks_app.services.clients import client_local_token_ensure, token_digest
 from tests.support.api import ApiClient
@@ -319,7 +319,7 @@ def test_paired_admin_scope_is_carried_over(db):
 
 
 def test_pair_is_rate_limited(db):
-    from tasks_app.api.throttles import PairThrottle
+    from tasks_app.edge.throttles import PairThrottle
 
     allowed, _ = PairThrottle().parse_rate(PairThrottle().get_rate())
     http = HttpClient()

@@ -18,9 +18,9 @@ import redis
 from django.db.models import Exists, OuterRef
 
 from tasks_app import states
-from tasks_app.broker import RUN_TASK
 from tasks_app.models import IdempotencyKey, IdempotencyState, Response, Task, TaskEvent
-from tasks_app.notify import key
+from tasks_app.plumbing.broker import RUN_TASK
+from tasks_app.plumbing.notify import key
 from tasks_app.states import TaskStatus
 from tests.support.crash import post_json, post_until_killed
 from tests.support.demo import ENDLESS_MODEL

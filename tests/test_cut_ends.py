@@ -28,7 +28,7 @@ import pytest
 from tokenizers import Tokenizer
 
 from fixture_models.demo import _bytes_to_unicode
-from tasks_app.services.model_scan import model_scan
+from tasks_app.registry.scan import model_scan
 from tests.support.scripted import scripted_model
 from tests.support.templates import family_template
 from workers.backends.detokenizer import StreamDetokenizer

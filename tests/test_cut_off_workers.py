@@ -15,9 +15,9 @@ import pytest
 from django.conf import settings
 from django.db import connection
 
-from tasks_app import broker
 from tasks_app.models import Task, TaskEvent
-from tasks_app.notify import key, redis_client
+from tasks_app.plumbing import broker
+from tasks_app.plumbing.notify import key, redis_client
 from tasks_app.states import TaskStatus
 from tests.support.db import database_url, is_postgres, raw_connection
 from tests.support.lab import Lab

@@ -82,7 +82,7 @@ def assert_contiguous_events(task_id: str) -> None:
 
 @pytest.fixture
 def outage_env(transactional_db, make_client, worker_models_root: Path, settings) -> dict[str, Any]:
-    from tasks_app.services.model_scan import model_scan
+    from tasks_app.registry.scan import model_scan
 
     settings.LMSP_MODELS_DIR = worker_models_root
     model_scan(models_dir=worker_models_root)
@@ -507,7 +507,7 @@ def _sqlite_error(tmp_path: Path, statement: str, *, read_only: bool = False, lo
 
 @pytest.mark.database_free
 def test_sqlite_errors_are_told_apart_by_their_result_codes(tmp_path: Path):
-    from tasks_app.database_outages import Unavailable, database_unavailability
+    from tasks_app.plumbing.database_outages import Unavailable, database_unavailability
 
     assert database_unavailability(_sqlite_error(tmp_path, "INSERT INTO t VALUES (2)", read_only=True)) == (
         Unavailable.READ_ONLY
@@ -529,7 +529,7 @@ def test_postgresql_errors_are_told_apart_by_sqlstate_and_a_refused_connection_i
     import psycopg
     from psycopg import errors
 
-    from tasks_app.database_outages import Unavailable, database_unavailability
+    from tasks_app.plumbing.database_outages import Unavailable, database_unavailability
     from tests.support.server import free_port
 
     try:
@@ -551,8 +551,12 @@ def test_postgresql_errors_are_told_apart_by_sqlstate_and_a_refused_connection_i
 
 @pytest.mark.database_free
 def test_an_outage_is_logged_once_and_its_end_once_it_has_held(tmp_path: Path, caplog, monkeypatch):
-    from tasks_app import database_outages
-    from tasks_app.database_outages import database_available_noted, database_outage, database_unavailable_noted
+    from tasks_app.plumbing import database_outages
+    from tasks_app.plumbing.database_outages import (
+        database_available_noted,
+        database_outage,
+        database_unavailable_noted,
+    )
 
     monkeypatch.setattr(database_outages, "SETTLE_SECONDS", 0.2)
     caplog.set_level("WARNING", logger="tasks_app.database")

@@ -11,9 +11,9 @@ import pytest
 from django.conf import settings
 from django.utils import timezone
 
-from tasks_app.dispatch_sender import dispatch_sender_start, dispatch_sender_stop, dispatch_sender_submit
 from tasks_app.models import Task
-from tasks_app.notify import key, redis_client
+from tasks_app.plumbing.dispatch_sender import dispatch_sender_start, dispatch_sender_stop, dispatch_sender_submit
+from tasks_app.plumbing.notify import key, redis_client
 from tasks_app.services.dispatch import queued_tasks_sweep
 from tasks_app.states import TaskStatus
 from tests.support.queues import drop_messages, queued_ids

@@ -21,7 +21,7 @@ import pytest
 from django.core import signing
 from django.test import Client as HttpClient
 
-from tasks_app.api.throttles import PairThrottle, throttle_reset
+from tasks_app.edge.throttles import PairThrottle, throttle_reset
 from tasks_app.models import Client, PairingCode
 from tasks_app.services.clients import pairing_code_create
 from tasks_app.services.stream_tokens import SALT

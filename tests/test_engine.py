@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from fixture_models.demo import build_demo_model
-from tasks_app.response_formats import format_grammar
+from tasks_app.generation.structured_output import format_grammar
 from tests.support.layouts import CHUNK
 from tests.support.quantized import expected_case
 from tests.test_backend_layouts import MODELS, REFERENCES, case_of

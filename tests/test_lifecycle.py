@@ -6,9 +6,11 @@ import json
 
 import pytest
 
-from tasks_app import lifecycle, selectors, states
+from tasks_app import states
+from tasks_app.core import lifecycle
 from tasks_app.exceptions import ServerRestarted, TaskNotFound, TransitionNotAllowed
 from tasks_app.models import Task, TaskEvent
+from tasks_app.selectors import tasks as selectors
 from tasks_app.states import ResponseStatus, TaskStatus
 from tests.support import moves
 
@@ -295,7 +297,7 @@ def test_a_batch_of_deltas_costs_a_fixed_number_of_queries(new_task, django_asse
 @pytest.mark.database_free
 @pytest.mark.parametrize("text", ["", "plain", 'quote " and \\ backslash', "ünïcödé ✓ 🙂", "\n\t\x00"])
 def test_an_event_encoded_before_its_number_is_the_same_bytes_as_one_encoded_with_it(text):
-    from tasks_app import events
+    from tasks_app.core import events
 
     built = [
         *events.message_opened("msg_1", 0),

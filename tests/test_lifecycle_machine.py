@@ -27,7 +27,9 @@ from hypothesis import HealthCheck, configuration, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
 
-from tasks_app import events, lifecycle, selectors, states
+from tasks_app import states
+from tasks_app.core import events, lifecycle
+from tasks_app.core.lifecycle import Partial, RecoveryMove, TransitionResult
 from tasks_app.exceptions import (
     BackendError,
     ModelLoadFailed,
@@ -38,8 +40,8 @@ from tasks_app.exceptions import (
     TaskNotFound,
     TransitionNotAllowed,
 )
-from tasks_app.lifecycle import Partial, RecoveryMove, TransitionResult
 from tasks_app.models import Response, Task, TaskEvent
+from tasks_app.selectors import tasks as selectors
 from tasks_app.services.clients import client_create
 from tasks_app.services.recovery import (
     BUSY,

@@ -21,9 +21,9 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from tasks_app import lifecycle
+from tasks_app.core import lifecycle
 from tasks_app.models import Task, TaskEvent
-from tasks_app.services.model_scan import model_scan
+from tasks_app.registry.scan import model_scan
 from tasks_app.services.recovery import BUSY, abandoned_tasks_reap
 from tasks_app.services.retention import retention_cleanup
 from tasks_app.services.tasks import task_create

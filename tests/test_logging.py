@@ -17,9 +17,9 @@ from django.test import AsyncClient, RequestFactory
 from django.utils import timezone
 
 from lmsp_project.celery import app
-from tasks_app.access_log import access_line
+from tasks_app.edge.access_log import access_line
 from tasks_app.models import Task
-from tasks_app.notify import key, redis_client
+from tasks_app.plumbing.notify import key, redis_client
 from tests.support.db import database_url
 from tests.support.namespace import REDIS_PREFIX
 from tests.support.tasks import create, wait_for_status

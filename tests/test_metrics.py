@@ -22,8 +22,7 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families 
 from prometheus_client.parser import text_string_to_metric_families
 
 from tasks_app import states
-from tasks_app.models import Task, TaskEvent
-from tasks_app.prometheus import (
+from tasks_app.metrics.prometheus import (
     GAUGE_TTL_SECONDS,
     TIME_TO_FIRST_TOKEN,
     Scrape,
@@ -37,6 +36,7 @@ from tasks_app.prometheus import (
     worker_key,
     workers_key,
 )
+from tasks_app.models import Task, TaskEvent
 from tests.support.db import database_url, is_postgres
 from tests.support.demo import ENDLESS_MODEL
 from tests.support.namespace import REDIS_PREFIX

@@ -19,7 +19,7 @@ import pytest
 from django.core.management import call_command
 
 from tasks_app.models import ModelRecord
-from tasks_app.services.model_scan import model_scan
+from tasks_app.registry.scan import model_scan
 
 FIXTURES = Path(__file__).parent / "fixtures" / "models"
 FLAT = ("qwen2-tiny", "llama-tiny", "phi3-tiny", "gpt2-tiny")

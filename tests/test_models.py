@@ -13,7 +13,7 @@ import pytest
 from django.core.management import call_command
 
 from tasks_app.models import ModelRecord
-from tasks_app.services.model_scan import model_scan
+from tasks_app.registry.scan import model_scan
 from tests.support.api import ApiClient
 from tests.support.problems import assert_problem
 

@@ -7,8 +7,8 @@ import json
 import pytest
 from django.db import transaction
 
-from tasks_app import lifecycle
-from tasks_app.notify import redis_client, tasks_channel
+from tasks_app.core import lifecycle
+from tasks_app.plumbing.notify import redis_client, tasks_channel
 from tasks_app.states import TaskStatus
 
 

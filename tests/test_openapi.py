@@ -22,10 +22,10 @@ from openapi_spec_validator import validate
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT202012
 
-from tasks_app import lifecycle
-from tasks_app.api.throttles import throttle_reset
-from tasks_app.db_locks import lock_wait
+from tasks_app.core import lifecycle
+from tasks_app.edge.throttles import throttle_reset
 from tasks_app.models import IdempotencyKey, ModelRecord, Task
+from tasks_app.plumbing.db_locks import lock_wait
 from tasks_app.services.clients import pairing_code_create
 from tasks_app.services.retention import retention_cleanup
 from tests.support.db import database_write_locked

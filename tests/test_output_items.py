@@ -1,4 +1,4 @@
-"""The items of a run that may call tools, as the event log keeps them (``tasks_app.output_items``).
+"""The items of a run that may call tools, as the event log keeps them (``tasks_app.core.output_items``).
 
 What a worker writes (a message, then calls, through the lifecycle's verbs)
 is what every reader folds back from the log: a live read, the recovery of a
@@ -13,10 +13,11 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from tasks_app import lifecycle, selectors
-from tasks_app.lifecycle import Partial
+from tasks_app.core import lifecycle
+from tasks_app.core.lifecycle import Partial
+from tasks_app.core.output_items import OutputItems
 from tasks_app.models import Response, Task
-from tasks_app.output_items import OutputItems
+from tasks_app.selectors import tasks as selectors
 from tasks_app.services.recovery import LiveWorkers, leftover_tasks_recover
 from tasks_app.states import RestartPolicy, TaskStatus
 

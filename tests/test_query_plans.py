@@ -1,7 +1,7 @@
 """The hot task queries read unfinished or finished tasks through their partial index.
 
 SQLite uses ``task_active`` / ``task_finished`` only when the query spells
-out the index's condition (``tasks_app.querying``); without it these queries
+out the index's condition (``tasks_app.plumbing.querying``); without it these queries
 scan an index over every task ever kept (tens of milliseconds at 200,000
 tasks, bench/partial_indexes.py). Each test runs the real service on a small
 table, checks what it did (on both databases), and on SQLite asks for the
@@ -22,11 +22,13 @@ import pytest
 from django.db import connection, transaction
 from django.utils import timezone
 
-from tasks_app import lifecycle, selectors, states
+from tasks_app import states
+from tasks_app.core import lifecycle
 from tasks_app.exceptions import QueueFull, ServerRestarted
 from tasks_app.models import Task
-from tasks_app.notify import key, redis_client
-from tasks_app.querying import status_in
+from tasks_app.plumbing.notify import key, redis_client
+from tasks_app.plumbing.querying import status_in
+from tasks_app.selectors import tasks as selectors
 from tasks_app.services.dispatch import queued_tasks_sweep
 from tasks_app.services.recovery import LiveWorkers, abandoned_tasks_reap, leftover_tasks_recover
 from tasks_app.services.retention import retention_cleanup

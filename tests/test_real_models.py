@@ -28,7 +28,7 @@ import pytest
 from django.core.management import call_command
 
 from tasks_app.models import Task, TaskEvent
-from tasks_app.services.model_scan import model_scan
+from tasks_app.registry.scan import model_scan
 from tasks_app.states import TaskStatus
 from tests.support.api import ApiClient
 from tests.support.db import database_url

@@ -21,11 +21,12 @@ from django.test import Client as DjangoClient
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from tasks_app import lifecycle, states
+from tasks_app import states
+from tasks_app.core import lifecycle
+from tasks_app.core.lifecycle import RecoveryMove
 from tasks_app.exceptions import ServerRestarted
-from tasks_app.lifecycle import RecoveryMove
 from tasks_app.models import Task, TaskEvent, TaskSnapshot
-from tasks_app.notify import key, redis_client
+from tasks_app.plumbing.notify import key, redis_client
 from tasks_app.services.dispatch import queued_tasks_sweep
 from tasks_app.services.recovery import (
     CANCELLED,
@@ -447,7 +448,7 @@ def test_a_recovery_killed_mid_run_leaves_each_task_moved_with_its_event_or_unto
 
 
 def recovery_errors() -> dict[str, int]:
-    from tasks_app.prometheus import recovery_errors_key
+    from tasks_app.metrics.prometheus import recovery_errors_key
 
     return {name.decode(): int(count) for name, count in redis_client().hgetall(recovery_errors_key()).items()}
 

@@ -380,7 +380,7 @@ ECHOED = [
         "text-format-text-verbosity-medium",
     ),
     case({"text": {}}, {"text": {"format": {"type": "text"}, "verbosity": "medium"}}, "text-empty"),
-    # Implemented (tests/test_response_formats.py): echoed as sent.
+    # Implemented (tests/test_structured_output_schemas.py): echoed as sent.
     case(
         {"text": {"format": {"type": "json_object"}}},
         {"text": {"format": {"type": "json_object"}, "verbosity": "medium"}},

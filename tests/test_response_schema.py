@@ -24,10 +24,10 @@ import pytest
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT202012
 
-from tasks_app import lifecycle
+from tasks_app.core import lifecycle
 from tasks_app.exceptions import ServerRestarted
 from tasks_app.models import Task
-from tasks_app.services.model_scan import model_scan
+from tasks_app.registry.scan import model_scan
 from tests.support.demo import DEMO_MODEL, ENDLESS_MODEL
 from tests.support.logs import stored as stored_events
 from tests.support.sse import TERMINAL_TYPES, open_stream

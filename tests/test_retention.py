@@ -14,7 +14,7 @@ from django.core.management import CommandError, call_command
 from django.db import connection
 from django.utils import timezone
 
-from tasks_app import lifecycle
+from tasks_app.core import lifecycle
 from tasks_app.exceptions import ServerRestarted
 from tasks_app.models import (
     Client,

@@ -18,8 +18,8 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from tasks_app import lifecycle
-from tasks_app.lifecycle import ProgressBatch
+from tasks_app.core import lifecycle
+from tasks_app.core.lifecycle import ProgressBatch
 from tasks_app.models import Task, TaskEvent, TaskSnapshot
 from tasks_app.states import TaskStatus
 from tests.support.moves import ITEM_ID, WORKER, move

@@ -37,7 +37,7 @@ EVENT_CLASSES: dict[str, type[pydantic.BaseModel]] = {
 # OpenAI's stream has no cancelled event (only a `response.cancelled` webhook): PROFILE.md 4 adds one.
 NOT_IN_THE_UNION = {"response.cancelled"}
 
-# Service bugs in the response object (tasks_app/wire.py), found by these checks.
+# Service bugs in the response object (tasks_app/core/wire.py), found by these checks.
 
 
 def ending_request(api, ending: str) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from django.conf import settings
 from django.db import OperationalError, connections
 
 from tasks_app.db.sqlite3.base import DatabaseWrapper
-from tasks_app.db_locks import is_lock_timeout
+from tasks_app.plumbing.db_locks import is_lock_timeout
 
 # A database of these tests' own, on this backend whatever the suite runs on
 # (SQLite or PostgreSQL), so the backend is checked in both runs. Its
@@ -142,7 +142,7 @@ def test_a_writer_waits_for_the_transaction_ahead_of_it_and_then_commits():
 
 def test_a_writer_whose_wait_runs_out_fails_as_sqlite_would_and_writes_nothing():
     def impatient() -> BaseException | None:
-        # What tasks_app.db_locks.lock_wait does on SQLite.
+        # What tasks_app.plumbing.db_locks.lock_wait does on SQLite.
         with _connection().cursor() as cursor:
             cursor.execute("PRAGMA busy_timeout = 200")
         try:

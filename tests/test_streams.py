@@ -278,7 +278,7 @@ def test_streams_share_one_subscription_and_hold_no_connection_each(api, transac
 
 
 def subscriber_count() -> int:
-    from tasks_app.notify import redis_client, tasks_channel
+    from tasks_app.plumbing.notify import redis_client, tasks_channel
 
     return dict(redis_client().pubsub_numsub(tasks_channel()))[tasks_channel().encode()]
 

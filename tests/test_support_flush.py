@@ -16,7 +16,7 @@ from django.db import connection
 from django.test import TransactionTestCase
 
 from tasks_app.models import Task
-from tasks_app.services.model_scan import model_scan
+from tasks_app.registry.scan import model_scan
 from tests.support import flush
 from tests.support.api import ApiClient
 

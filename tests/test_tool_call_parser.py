@@ -1,4 +1,4 @@
-"""Reading calls out of a model's text, per family (``tasks_app.tool_call_parser``).
+"""Reading calls out of a model's text, per family (``tasks_app.generation.tool_call_parser``).
 
 Texts in each family's real format (as its template tells the model to
 write, and as its parser in llama.cpp and vLLM reads it): several calls,
@@ -15,7 +15,7 @@ import random
 
 import pytest
 
-from tasks_app.tool_call_parser import (
+from tasks_app.generation.tool_call_parser import (
     CALL_ARGUMENTS,
     CALL_END,
     CALL_START,
@@ -23,7 +23,7 @@ from tasks_app.tool_call_parser import (
     MalformedToolCall,
     ToolCallParser,
 )
-from tasks_app.tool_calls import FORMATS, tool_format_of_template
+from tasks_app.generation.tool_calls import FORMATS, tool_format_of_template
 
 
 def read(family: str, text: str, *, seed: int | None = None, max_calls: int | None = None, cut: bool = False):

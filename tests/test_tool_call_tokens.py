@@ -17,8 +17,8 @@ from collections.abc import Iterator
 import jsonschema
 import pytest
 
-from tasks_app.tool_call_parser import CALL_END, CALL_START, ToolCallParser
-from tasks_app.tool_calls import FORMATS, template_tools, tools_grammar
+from tasks_app.generation.tool_call_parser import CALL_END, CALL_START, ToolCallParser
+from tasks_app.generation.tool_calls import FORMATS, template_tools, tools_grammar
 from tests.test_backend_layouts import MODELS, REFERENCES
 from workers.backends.base import FINISH_EOS, SamplingParams, ToolPrompt
 from workers.backends.constraints import OutputConstraint

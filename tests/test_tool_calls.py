@@ -27,9 +27,9 @@ import openai
 import pytest
 from tokenizers import Tokenizer
 
+from tasks_app.generation.tool_calls import FORMATS, tool_format_of_template
 from tasks_app.models import Response, Task
-from tasks_app.services.model_scan import model_scan
-from tasks_app.tool_calls import FORMATS, tool_format_of_template
+from tasks_app.registry.scan import model_scan
 from tests.support.scripted import scripted_model
 from tests.support.templates import FAMILY_TEMPLATES, family_template
 

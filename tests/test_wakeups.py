@@ -9,9 +9,9 @@ from pathlib import Path
 
 import redis.asyncio.client
 
-from tasks_app.event_feeds import Frame, TaskFeed
-from tasks_app.notify import publish, redis_client, tasks_channel
-from tasks_app.wakeups import Watch, subscriber_name, wake_hub
+from tasks_app.plumbing.event_feeds import Frame, TaskFeed
+from tasks_app.plumbing.notify import publish, redis_client, tasks_channel
+from tasks_app.plumbing.wakeups import Watch, subscriber_name, wake_hub
 from tests.support.worker import private_redis
 
 

@@ -27,8 +27,9 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from tasks_app import lifecycle
+from tasks_app.core import lifecycle
 from tasks_app.models import Task, WebhookDelivery, WebhookDeliveryStatus, WebhookEndpoint
+from tasks_app.plumbing.webhook_http import AttemptOutcome, webhook_post
 from tasks_app.services.recovery import abandoned_tasks_reap
 from tasks_app.services.webhooks import (
     webhook_backoff_seconds,
@@ -40,7 +41,6 @@ from tasks_app.services.webhooks import (
     webhook_endpoint_rotate_secret,
 )
 from tasks_app.states import RestartPolicy, TaskStatus
-from tasks_app.webhook_http import AttemptOutcome, webhook_post
 from tests.support.db import database_url
 from tests.support.namespace import REDIS_PREFIX
 from tests.support.server import free_port, uvicorn_process
@@ -669,7 +669,7 @@ def test_events_committed_by_killed_processes_are_delivered_by_a_deliverer_start
     assert Task.objects.get(pk=waiting).status == S.QUEUED
     text = (tmp_path / "log").read_text()
     assert text.count(": delivered (HTTP 200)") == 2 and "Traceback" not in text, text
-    from tasks_app.notify import redis_client
+    from tasks_app.plumbing.notify import redis_client
 
     redis_client().delete(queue)
 

@@ -15,9 +15,9 @@ from tokenizers import Tokenizer
 
 from fixture_models.demo import CHAT_TEMPLATE
 from tasks_app.models import Task, TaskEvent
-from tasks_app.selectors import task_snapshot_get
+from tasks_app.registry.scan import model_scan
+from tasks_app.selectors.tasks import task_snapshot_get
 from tasks_app.services.dispatch import task_dispatch
-from tasks_app.services.model_scan import model_scan
 from tasks_app.states import TaskStatus
 from tests.support.demo import ENDLESS_MODEL
 from tests.support.logs import assert_well_formed_log, delta_text

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from tasks_app.models import Task, TaskEvent
-from tasks_app.services.model_scan import model_scan
+from tasks_app.registry.scan import model_scan
 from tests.support.lab import Lab
 from tests.support.queues import queued_ids
 from tests.support.waiting import wait_until

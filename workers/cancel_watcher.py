@@ -19,7 +19,7 @@ import time
 import redis
 from django.conf import settings
 
-from tasks_app.notify import tasks_channel
+from tasks_app.plumbing.notify import tasks_channel
 from tasks_app.states import TaskStatus
 
 logger = logging.getLogger(__name__)

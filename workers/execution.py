@@ -1,13 +1,13 @@
 """Running one task: claim, load, generate, commit in batches, finish exactly once.
 
 This module decides which lifecycle verb to call and when; the verbs
-(``tasks_app.lifecycle``) write the columns and build the events. The claim
+(``tasks_app.core.lifecycle``) write the columns and build the events. The claim
 ``queued -> loading`` is a compare-and-set, so a duplicated or redelivered
 message whose task is no longer queued is dropped here, and Celery never
 decides what runs.
 
 The generation itself runs in the process's batch engine for its model
-(``workers.engine``): the task thread submits it and the run loop reads its
+(``workers.engines``): the task thread submits it and the run loop reads its
 chunks, while the engine's model thread steps it together with the other
 tasks' rows. So this module is the only place that touches the database for
 a task, and the model never waits for it.
@@ -39,11 +39,12 @@ from typing import Any, TypeVar
 from django.conf import settings
 from django.db import DatabaseError, close_old_connections, connection
 
-from tasks_app import broker, faults, lifecycle, response_formats, states, tool_calls
-from tasks_app.affinity import affinity_remember
-from tasks_app.database_outages import database_unavailable_noted
-from tasks_app.db_locks import is_database_unavailable
-from tasks_app.events import Event
+from tasks_app import faults, states
+from tasks_app.core import lifecycle
+from tasks_app.core.events import Event
+from tasks_app.core.lifecycle import Partial, TransitionResult
+from tasks_app.core.output_items import OutputItems
+from tasks_app.core.wire import usage_object
 from tasks_app.exceptions import (
     BackendError,
     ContextLengthExceeded,
@@ -54,10 +55,21 @@ from tasks_app.exceptions import (
     ServerRestarted,
     TaskNotFound,
 )
+from tasks_app.generation import structured_output, tool_calls
+from tasks_app.generation.tool_call_parser import (
+    CALL_ARGUMENTS,
+    CALL_END,
+    CALL_START,
+    MalformedToolCall,
+    Op,
+    ToolCallParser,
+)
 from tasks_app.ids import new_message_id
-from tasks_app.lifecycle import Partial, TransitionResult
-from tasks_app.output_items import OutputItems
-from tasks_app.selectors import (
+from tasks_app.plumbing import broker
+from tasks_app.plumbing.affinity import affinity_remember
+from tasks_app.plumbing.database_outages import database_unavailable_noted
+from tasks_app.plumbing.db_locks import is_database_unavailable
+from tasks_app.selectors.tasks import (
     StoredSnapshot,
     task_output_items,
     task_output_text,
@@ -67,8 +79,6 @@ from tasks_app.selectors import (
 from tasks_app.services.dispatch import task_dispatch
 from tasks_app.services.recovery import BUSY, held_task_release
 from tasks_app.states import TaskStatus
-from tasks_app.tool_call_parser import CALL_ARGUMENTS, CALL_END, CALL_START, MalformedToolCall, Op, ToolCallParser
-from tasks_app.wire import usage_object
 from workers.backends.base import (
     FINISH_CANCELLED,
     FINISH_LENGTH,
@@ -81,7 +91,7 @@ from workers.backends.base import (
 )
 from workers.backends.errors import ConstraintFailed, ContextTooLong, ModelLoadError, PromptRejected, RuntimeFailure
 from workers.cancel_watcher import cancel_watcher
-from workers.engine import engine_for, engines_full, max_rows
+from workers.engines import engine_for, engines_full, max_rows
 from workers.model_cache import model_cache
 from workers.run_loop import RunLoop
 from workers.run_metrics import RunMetrics, commit_group_observed
@@ -183,7 +193,7 @@ def _committed(
                 raise DatabaseGaveUp(
                     verb.__name__, subject, time.monotonic() - started, exc, maybe_written=maybe_written
                 ) from exc
-            # The outage itself is logged once per process (tasks_app.database_outages), not per try.
+            # The outage itself is logged once per process (tasks_app.plumbing.database_outages), not per try.
             database_unavailable_noted(exc)
             logger.debug(
                 "%s for %s: the database cannot be written now (%s); retrying",
@@ -583,7 +593,7 @@ def _run(
     # The run's reads wait out a database that is away as its commits do (_committed): an outage while a
     # task starts must not fail it, nor leave it to the reaper.
     model_name, request = _committed(task_run_request, task_id=task_id)
-    # Later turns of this conversation that the client echoes back prefer this node (tasks_app.affinity).
+    # Later turns of this conversation that the client echoes back prefer this node (tasks_app.plumbing.affinity).
     affinity_remember(request=request, worker=worker)
     run = _Run(
         task_id=task_id,
@@ -722,7 +732,7 @@ def _sampling_params(request: Mapping[str, Any], model: LoadedModel, model_name:
     (rebuilt from the stored request on every run and resume: the grammar is not stored)."""
     params = SamplingParams.from_request(request)
     if not tool_calls.function_tools(request):
-        return replace(params, grammar=response_formats.format_grammar(request))
+        return replace(params, grammar=structured_output.format_grammar(request))
     fmt = _tool_format(model, model_name)
     markers = model.single_token_ids(tool_calls.markers_of(fmt))
     grammar = tool_calls.tools_grammar(request, fmt, token_ids=markers)

@@ -19,7 +19,7 @@ from functools import cache
 @cache
 def _maintenance_tasks() -> frozenset[str]:
     # Imported on first use: the settings configure logging before the apps are ready.
-    from tasks_app.broker import CLEANUP_TASK, REAP_TASK, SWEEP_TASK
+    from tasks_app.plumbing.broker import CLEANUP_TASK, REAP_TASK, SWEEP_TASK
 
     return frozenset({SWEEP_TASK, REAP_TASK, CLEANUP_TASK})
 

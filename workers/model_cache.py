@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from django.conf import settings
 
-from tasks_app.selectors import model_find_by_name
+from tasks_app.selectors.tasks import model_find_by_name
 from workers.backends import get_backend
 from workers.backends.base import LoadedModel
 from workers.backends.errors import ModelLoadError

@@ -2,7 +2,7 @@
 
 Workers run on other hosts and in prefork children, so nobody scrapes them:
 each process adds its observations to the histograms of its node in Redis
-(``tasks_app.prometheus`` has the layout), and the web process exposes them with
+(``tasks_app.metrics.prometheus`` has the layout), and the web process exposes them with
 a ``worker`` label. Observing only bumps numbers in memory under a lock; a
 thread of the process sends what piled up at most once per
 ``FLUSH_INTERVAL_SECONDS`` and right after each task, as one MULTI/EXEC of
@@ -42,8 +42,7 @@ from django.conf import settings
 from django.utils import timezone
 from redis.client import Pipeline
 
-from tasks_app.models import Task
-from tasks_app.prometheus import (
+from tasks_app.metrics.prometheus import (
     BATCH_EVENTS,
     BATCH_TOKENS,
     CANCEL_LATENCY,
@@ -80,6 +79,7 @@ from tasks_app.prometheus import (
     worker_key,
     workers_key,
 )
+from tasks_app.models import Task
 
 logger = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ is still logged in full.
 With the threads pool (the batched worker) no process is lost: SIGTERM
 starts Celery's warm shutdown, which waits for the task threads still
 starting a run. The receiver of ``worker_shutting_down`` tells the
-process's engines to drain (``workers.engine.engines_drain``): rows may go
+process's engines to drain (``workers.engines.engines_drain``): rows may go
 on for ``LMSP_DRAIN_SECONDS``, then stop; the run loop that carries them
 (``workers.run_loop``) commits each one's last batch, hands its task back
 by its policy (``held_task_release``) and says so through
@@ -49,8 +49,8 @@ from django.conf import settings
 from django.db import DatabaseError
 
 from tasks_app import states
-from tasks_app.broker import RUN_TASK
-from tasks_app.selectors import task_outcome_get
+from tasks_app.plumbing.broker import RUN_TASK
+from tasks_app.selectors.tasks import task_outcome_get
 from tasks_app.services.recovery import BUSY, RecoverySummary, lost_task_recover
 from tasks_app.states import TaskStatus
 
@@ -169,14 +169,14 @@ def _drain_engines(sender: object = None, how: str = "Warm", **kwargs: object) -
     now. honcho's group Ctrl-C delivers SIGINT and then SIGTERM: only a
     shorter grace than the one already asked is passed on. A prefork parent
     has no engine (its pool processes do, and die with the group's signal),
-    and before ``workers.engine`` exists there is nothing to drain.
+    and before ``workers.engines`` exists there is nothing to drain.
     """
     global _drain_asked
     grace = 0.0 if how == "Cold" else float(settings.LMSP_DRAIN_SECONDS)
     if _drain_asked is not None and grace >= _drain_asked:
         return
     try:
-        from workers.engine import engines_drain
+        from workers.engines import engines_drain
     except ImportError:
         return
     if _drain_asked is None:
@@ -213,7 +213,7 @@ def _wait_for_runs() -> None:
 
 
 def _drain_on_sigterm(signum: int, frame: object) -> None:
-    from workers.engine import engines_drain
+    from workers.engines import engines_drain
 
     engines_drain(grace_seconds=float(settings.LMSP_DRAIN_SECONDS))
 

@@ -15,9 +15,9 @@ from celery.signals import celeryd_after_setup, task_failure
 from django.conf import settings
 from django.db import DatabaseError, close_old_connections
 
-from tasks_app.broker import CLEANUP_TASK, REAP_TASK, RUN_TASK, SWEEP_TASK
-from tasks_app.database_outages import database_unavailable_noted, outage_process_set
 from tasks_app.exceptions import DatabaseBusy
+from tasks_app.plumbing.broker import CLEANUP_TASK, REAP_TASK, RUN_TASK, SWEEP_TASK
+from tasks_app.plumbing.database_outages import database_unavailable_noted, outage_process_set
 from tasks_app.services.dispatch import queued_tasks_sweep
 from tasks_app.services.recovery import abandoned_tasks_reap, lost_task_recover
 from tasks_app.services.retention import retention_cleanup

@@ -6,7 +6,7 @@ from django.contrib import admin
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
-from tasks_app import selectors
+from tasks_app.selectors import tasks as selectors
 
 
 class ModelNameFilter(admin.SimpleListFilter):

@@ -11,7 +11,7 @@ from django.utils.html import format_html, format_html_join
 from tasks_app.admin.access import ReadOnlyAdmin, post_only
 from tasks_app.admin.display import json_column
 from tasks_app.models import ModelRecord
-from tasks_app.services.model_scan import model_scan
+from tasks_app.registry.scan import model_scan
 
 
 def human_size(size: int) -> str:

@@ -10,12 +10,12 @@ from django.db.models.functions import Substr
 from django.http import HttpRequest
 from django.utils.html import format_html
 
-from tasks_app import selectors
 from tasks_app.admin.access import ReadOnlyAdmin
 from tasks_app.admin.bounded_counts import BoundedCountAdmin
 from tasks_app.admin.display import json_column, pretty_json, task_link
 from tasks_app.admin.filters import ModelNameFilter, TaskIdFilter
 from tasks_app.models import IdempotencyKey, PairingCode, Response, Task, TaskEvent
+from tasks_app.selectors import tasks as selectors
 
 # Characters of an event's payload shown in the event list.
 PAYLOAD_PREVIEW_CHARS = 160

@@ -15,15 +15,17 @@ from django.urls import path, reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.http import urlencode
 
-from tasks_app import response_formats, selectors, states, tool_calls
+from tasks_app import states
 from tasks_app.admin.access import ReadOnlyAdmin, post_only
 from tasks_app.admin.bounded_counts import BoundedCountAdmin
 from tasks_app.admin.display import admin_link, json_column, task_events_changelist_url, task_link
 from tasks_app.admin.filters import ModelNameFilter
 from tasks_app.admin.record_admins import RESPONSE_BODY_FIELDS
 from tasks_app.exceptions import TaskNotCancelable
+from tasks_app.generation import structured_output, tool_calls
 from tasks_app.models import Task
-from tasks_app.querying import status_in
+from tasks_app.plumbing.querying import status_in
+from tasks_app.selectors import tasks as selectors
 from tasks_app.services.tasks import task_cancel
 from tasks_app.states import TaskStatus
 
@@ -186,8 +188,8 @@ class TaskAdmin(BoundedCountAdmin, ReadOnlyAdmin):
         request = task.response.request
         if tool_calls.function_tools(request):
             # The tools' grammar holds the format too (an auto choice's answer is that JSON).
-            return f"{tool_calls.tools_summary(request)}; output format {response_formats.format_summary(request)}"
-        return response_formats.format_summary(request)
+            return f"{tool_calls.tools_summary(request)}; output format {structured_output.format_summary(request)}"
+        return structured_output.format_summary(request)
 
     error_json = json_column("error", "error")
 

@@ -18,11 +18,11 @@ from django.db import DatabaseError, connection
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from tasks_app.api.problems import PROBLEM_CONTENT_TYPE, problem_json_response
-from tasks_app.database_outages import Unavailable, database_outage, database_unavailable_noted
-from tasks_app.dbpool import run_db
+from tasks_app.edge.problems import PROBLEM_CONTENT_TYPE, problem_json_response
 from tasks_app.exceptions import DatabaseUnavailable, MethodNotAllowed
-from tasks_app.prometheus import metrics_redis
+from tasks_app.metrics.prometheus import metrics_redis
+from tasks_app.plumbing.database_outages import Unavailable, database_outage, database_unavailable_noted
+from tasks_app.plumbing.dbpool import run_db
 
 ALLOWED_METHODS = ("GET", "HEAD")
 

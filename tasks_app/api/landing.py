@@ -17,7 +17,7 @@ from django.template.loader import render_to_string
 from django.urls import reverse
 from django.views.decorators.csrf import csrf_exempt
 
-from tasks_app.api.problems import problem_json_response
+from tasks_app.edge.problems import problem_json_response
 from tasks_app.exceptions import MethodNotAllowed
 
 ALLOWED_METHODS = ("GET", "HEAD")

@@ -18,17 +18,17 @@ from django.db import DatabaseError
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from tasks_app.api.problems import problem_json_response
-from tasks_app.dbpool import run_db
-from tasks_app.event_feeds import feeds
+from tasks_app.edge.problems import problem_json_response
 from tasks_app.exceptions import LocalClientsOnly, MethodNotAllowed
-from tasks_app.prometheus import (
+from tasks_app.metrics.prometheus import (
     RateLimitedWarning,
     Scrape,
     metrics_exposition,
     metrics_redis_read,
     tasks_active_count,
 )
+from tasks_app.plumbing.dbpool import run_db
+from tasks_app.plumbing.event_feeds import feeds
 
 logger = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from drf_spectacular.utils import OpenApiExample, OpenApiParameter, OpenApiRespo
 
 from tasks_app import exceptions as exc
 from tasks_app.api.serializers import MAX_CURSOR
-from tasks_app.events import TERMINAL, EventType
+from tasks_app.core.events import TERMINAL, EventType
 from tasks_app.services.idempotency import MAX_KEY_LENGTH
 
 F = TypeVar("F", bound=Callable[..., Any])

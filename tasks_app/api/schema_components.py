@@ -1,6 +1,6 @@
 """The schema-only components: the objects the API answers, as serializers spectacular reads.
 
-They never render anything: ``tasks_app/wire.py`` and the output serializers
+They never render anything: ``tasks_app/core/wire.py`` and the output serializers
 build the real bodies; ``tests/test_openapi.py`` checks those against these.
 """
 

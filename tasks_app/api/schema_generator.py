@@ -60,7 +60,7 @@ class LmspSchemaGenerator(SchemaGenerator):
 
 
 class BearerTokenScheme(OpenApiAuthenticationExtension):
-    target_class = "tasks_app.auth.BearerTokenAuthentication"
+    target_class = "tasks_app.edge.auth.BearerTokenAuthentication"
     name = BEARER
 
     def get_security_definition(self, auto_schema: Any) -> dict[str, Any]:

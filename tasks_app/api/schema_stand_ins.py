@@ -14,8 +14,7 @@ from drf_spectacular.utils import OpenApiParameter, OpenApiResponse
 from rest_framework.views import APIView
 
 from tasks_app import exceptions as exc
-from tasks_app.api import chat_completions_views, stream_views
-from tasks_app.api.chat_completions_serializers import ChatCompletionRequestSerializer
+from tasks_app.api import stream_views
 from tasks_app.api.schema_annotations import (
     CHAT_STREAM,
     EVENT_STREAM,
@@ -31,6 +30,8 @@ from tasks_app.api.schema_annotations import (
 )
 from tasks_app.api.schema_components import ChatCompletionSchema, DeletedResponseSchema, ResponseSchema
 from tasks_app.api.serializers import ResponseCreateInputSerializer
+from tasks_app.openai.chat_completions import views as chat_completions_views
+from tasks_app.openai.chat_completions.serializers import ChatCompletionRequestSerializer
 
 
 class TaskEventsOperations(APIView):

@@ -18,12 +18,12 @@ from django.http import HttpRequest
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from tasks_app import request_surface
+from tasks_app.core.wire import events_url, response_object, task_object, unix_seconds
 from tasks_app.exceptions import InvalidRequest, UnsupportedParameter
 from tasks_app.ids import TASK_PREFIX
 from tasks_app.models import TaskType
+from tasks_app.openai import surface as request_surface
 from tasks_app.states import RestartPolicy, TaskStatus
-from tasks_app.wire import events_url, response_object, task_object, unix_seconds
 
 MAX_STOP_SEQUENCES = 4
 MAX_METADATA_PAIRS = 16
@@ -284,7 +284,7 @@ class FunctionCallItemSerializer(StrictSerializer):
     arguments = StrictCharField(allow_blank=True, trim_whitespace=False)
     id = StrictCharField(required=False, allow_blank=True, max_length=200, trim_whitespace=False)
     status = StrictChoiceField(choices=ITEM_STATUSES, required=False)
-    # A call of a namespace's function: the model knows it by its own name (tasks_app.tool_calls).
+    # A call of a namespace's function: the model knows it by its own name (tasks_app.generation.tool_calls).
     namespace = StrictCharField(required=False, allow_null=True, max_length=64, trim_whitespace=False)
 
 
@@ -801,7 +801,7 @@ class ResponseRequestSerializer(StrictSerializer):
     store = StrictBooleanField(required=False, default=True)
     metadata = MetadataField(required=False, allow_null=True)
     # PROFILE.md 10.1: the rest of OpenAI's request. What each value makes the service do (or refuse)
-    # is decided in tasks_app/request_surface.py; here only the shapes.
+    # is decided in tasks_app/openai/surface.py; here only the shapes.
     previous_response_id = StrictCharField(
         required=False,
         allow_null=True,

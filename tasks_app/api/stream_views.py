@@ -25,19 +25,20 @@ from django.views.decorators.csrf import csrf_exempt
 from rest_framework.exceptions import APIException
 from rest_framework.renderers import JSONRenderer
 
-from tasks_app import selectors, states
-from tasks_app.api.parsers import StrictJSONParser
-from tasks_app.api.problems import problem_json_response
+from tasks_app import states
 from tasks_app.api.serializers import ResponseOutputSerializer, stream_cursor
-from tasks_app.api.sse import StreamSlot, event_stream, stream_slot_take
 from tasks_app.api.views import ResponseCancelView, ResponseCreateView, ResponseDetailView
-from tasks_app.auth import BearerTokenAuthentication, StreamReader, stream_reader_authenticate
-from tasks_app.dbpool import run_db, run_db_through_outages
+from tasks_app.edge.auth import BearerTokenAuthentication, StreamReader, stream_reader_authenticate
+from tasks_app.edge.parsers import StrictJSONParser
+from tasks_app.edge.problems import problem_json_response
+from tasks_app.edge.sse import StreamSlot, event_stream, stream_slot_take
 from tasks_app.exceptions import InvalidRequest, LmspError, MethodNotAllowed, Unauthorized
 from tasks_app.models import Client
-from tasks_app.selectors import StreamStart
+from tasks_app.plumbing.dbpool import run_db, run_db_through_outages
+from tasks_app.plumbing.wakeups import Watch
+from tasks_app.selectors import tasks as selectors
+from tasks_app.selectors.tasks import StreamStart
 from tasks_app.services.responses import ResponseStarted, response_finish, response_task_finished
-from tasks_app.wakeups import Watch
 
 
 def _client_holder(client: Client) -> str:

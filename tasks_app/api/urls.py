@@ -2,7 +2,8 @@ from django.urls import include, path
 from drf_spectacular.renderers import OpenApiJsonRenderer2
 from drf_spectacular.views import SpectacularJSONAPIView, SpectacularSwaggerView
 
-from tasks_app.api import chat_completions_views, stream_views, views
+from tasks_app.api import stream_views, views
+from tasks_app.openai.chat_completions import views as chat_completions_views
 
 urlpatterns = [
     path("tasks", views.TaskCollectionView.as_view(), name="tasks"),

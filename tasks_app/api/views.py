@@ -8,7 +8,6 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from tasks_app import exceptions as exc
-from tasks_app import selectors
 from tasks_app.api.schema_annotations import (
     IDEMPOTENCY_KEY,
     LOCATION,
@@ -43,7 +42,8 @@ from tasks_app.api.serializers import (
     list_body,
     stream_cursor,
 )
-from tasks_app.api.throttles import PairThrottle
+from tasks_app.edge.throttles import PairThrottle
+from tasks_app.selectors import tasks as selectors
 from tasks_app.services.capabilities import capabilities_describe
 from tasks_app.services.clients import pairing_code_redeem
 from tasks_app.services.idempotency import idempotency_key_validate, request_digest

@@ -21,11 +21,11 @@ from tasks_app.api.serializers import (
     StrictChoiceField,
     StrictSerializer,
 )
+from tasks_app.core.wire import unix_seconds
 from tasks_app.ids import WEBHOOK_ENDPOINT_PREFIX
 from tasks_app.models import WebhookEndpoint
+from tasks_app.plumbing.webhook_http import signing_secret_hint
 from tasks_app.services.webhooks import EVENT_TYPES
-from tasks_app.webhook_http import signing_secret_hint
-from tasks_app.wire import unix_seconds
 
 MAX_NAME = 200
 MAX_URL = 2048

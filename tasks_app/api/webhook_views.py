@@ -35,6 +35,7 @@ from tasks_app.api.webhook_serializers import (
     webhook_endpoint_test_result,
     webhook_event_type_list,
 )
+from tasks_app.selectors.webhooks import webhook_endpoint_get_own, webhook_endpoint_list_own
 from tasks_app.services.webhooks import (
     webhook_endpoint_create,
     webhook_endpoint_delete,
@@ -42,7 +43,6 @@ from tasks_app.services.webhooks import (
     webhook_endpoint_test,
     webhook_endpoint_update,
 )
-from tasks_app.webhook_selectors import webhook_endpoint_get_own, webhook_endpoint_list_own
 
 WEBHOOK_ENDPOINT_ID = OpenApiParameter("webhook_endpoint_id", str, OpenApiParameter.PATH, description="`whep_` + ULID.")
 _WRITES = (exc.DatabaseBusy,)

@@ -15,10 +15,10 @@ from django.db import IntegrityError, OperationalError, transaction
 from django.db.models import F, QuerySet
 from django.utils import timezone
 
-from tasks_app.database_outages import Unavailable, database_unavailability
-from tasks_app.db_locks import lock_wait
 from tasks_app.exceptions import InvalidRequest
 from tasks_app.models import Client, PairingCode
+from tasks_app.plumbing.database_outages import Unavailable, database_unavailability
+from tasks_app.plumbing.db_locks import lock_wait
 
 logger = logging.getLogger(__name__)
 

@@ -33,7 +33,7 @@ class Conversation:
     context: list[dict[str, Any]]
     worker: str
     """The worker (``<node>/<pid>``) that ran the previous response: its node holds the conversation's
-    prefix cache (``tasks_app.affinity``); "" when none ran it."""
+    prefix cache (``tasks_app.plumbing.affinity``); "" when none ran it."""
 
 
 def conversation_of(*, client: Client, request: Mapping[str, Any]) -> Conversation | None:

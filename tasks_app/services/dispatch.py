@@ -4,7 +4,7 @@ The broker is a hint, the database decides: a message carries only a task id,
 and a worker runs it only if its compare-and-set ``queued -> loading`` wins.
 So sending a message twice is harmless, and losing one is repaired by the
 sweeper, which re-sends every waiting task that has no dispatch marker, or a
-marker but no message on the broker (``tasks_app.broker`` has the markers
+marker but no message on the broker (``tasks_app.plumbing.broker`` has the markers
 and the messages).
 """
 
@@ -21,10 +21,11 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from tasks_app import broker, dispatch_sender, states
-from tasks_app.affinity import affinity_route
+from tasks_app import states
 from tasks_app.models import Task
-from tasks_app.querying import status_in
+from tasks_app.plumbing import broker, dispatch_sender
+from tasks_app.plumbing.affinity import affinity_route
+from tasks_app.plumbing.querying import status_in
 from tasks_app.states import TaskStatus
 
 logger = logging.getLogger(__name__)
@@ -38,7 +39,7 @@ def task_dispatch(*, task_id: str, prefer_worker: str = "", conversation: str = 
 
     ``prefer_worker``: the worker (``<node>/<pid>``) whose node should run it if it is alive and has room
     (it ran the response this one continues), else the node that last ran its ``conversation``
-    (``tasks_app.affinity``).
+    (``tasks_app.plumbing.affinity``).
     The marker is set before the send: a worker may take the message at once
     and clear it, and a marker set after that would vouch for a message that
     is gone (the sweeper verifies markers against the broker too).
@@ -57,7 +58,7 @@ def task_dispatch_on_commit(*, task_id: str, prefer_worker: str = "", conversati
     """Dispatch once the current transaction commits: a worker must find the row.
 
     In a web process the send is handed to its background sender
-    (``tasks_app.dispatch_sender``), so the ``202`` never waits for Redis;
+    (``tasks_app.plumbing.dispatch_sender``), so the ``202`` never waits for Redis;
     elsewhere it is made inline. ``prefer_worker`` and ``conversation`` as for :func:`task_dispatch`.
     """
     transaction.on_commit(

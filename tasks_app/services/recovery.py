@@ -54,13 +54,15 @@ from typing import Any
 from django.conf import settings
 from django.utils import timezone
 
-from tasks_app import broker, lifecycle, states
-from tasks_app.db_locks import is_database_unavailable, lock_wait, stale_before
+from tasks_app import states
+from tasks_app.core import lifecycle
+from tasks_app.core.lifecycle import RecoveryMove
 from tasks_app.exceptions import DatabaseBusy, ServerRestarted
-from tasks_app.lifecycle import RecoveryMove
+from tasks_app.metrics.prometheus import recovery_error_count
 from tasks_app.models import Task
-from tasks_app.prometheus import recovery_error_count
-from tasks_app.querying import status_in
+from tasks_app.plumbing import broker
+from tasks_app.plumbing.db_locks import is_database_unavailable, lock_wait, stale_before
+from tasks_app.plumbing.querying import status_in
 from tasks_app.services.dispatch import task_dispatch
 from tasks_app.states import RestartPolicy, TaskStatus
 

@@ -27,14 +27,14 @@ from typing import Any
 from django.db import transaction
 
 from tasks_app import states
+from tasks_app.core.wire import Live, response_object
 from tasks_app.exceptions import InvalidRequest, ResponseNotFinished, ResponseNotFound
 from tasks_app.models import Client, IdempotencyKey, IdempotencyState, Response, Task
-from tasks_app.request_surface import response_request_check
+from tasks_app.openai.surface import response_request_check
 from tasks_app.services.conversations import conversation_continuation
 from tasks_app.services.idempotency import idempotency_claim_if_keyed, idempotency_complete
 from tasks_app.services.tasks import Reply, task_accept, task_cancel
 from tasks_app.states import RestartPolicy
-from tasks_app.wire import Live, response_object
 
 RESPONSES_ENDPOINT = "responses"
 # The stored reply of a streamed request names the task whose events it was.

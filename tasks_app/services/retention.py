@@ -37,7 +37,6 @@ from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from tasks_app import states
-from tasks_app.db_locks import busy_as_unavailable, lock_wait
 from tasks_app.exceptions import DatabaseBusy
 from tasks_app.models import (
     IdempotencyKey,
@@ -49,7 +48,8 @@ from tasks_app.models import (
     WebhookDelivery,
     WebhookDeliveryStatus,
 )
-from tasks_app.querying import status_in
+from tasks_app.plumbing.db_locks import busy_as_unavailable, lock_wait
+from tasks_app.plumbing.querying import status_in
 
 logger = logging.getLogger(__name__)
 

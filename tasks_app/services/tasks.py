@@ -10,8 +10,9 @@ from typing import Any
 from django.conf import settings
 from django.db import transaction
 
-from tasks_app import lifecycle, states
-from tasks_app.affinity import continues_conversation, conversation_key
+from tasks_app import states
+from tasks_app.core import lifecycle
+from tasks_app.core.wire import task_object
 from tasks_app.exceptions import (
     InvalidRequest,
     LmspError,
@@ -24,14 +25,14 @@ from tasks_app.exceptions import (
     UnsupportedParameter,
 )
 from tasks_app.models import Client, Task
-from tasks_app.querying import status_in
-from tasks_app.request_surface import response_request_check
-from tasks_app.selectors import model_get_by_name
+from tasks_app.openai.surface import response_request_check
+from tasks_app.plumbing.affinity import continues_conversation, conversation_key
+from tasks_app.plumbing.querying import status_in
+from tasks_app.selectors.tasks import model_get_by_name
 from tasks_app.services.conversations import Continuation, conversation_continuation
 from tasks_app.services.dispatch import task_dispatch_on_commit
 from tasks_app.services.idempotency import IdempotencyClaim, idempotency_claim_if_keyed, idempotency_complete
 from tasks_app.states import RestartPolicy, TaskStatus
-from tasks_app.wire import task_object
 
 TASKS_ENDPOINT = "tasks"
 
@@ -77,7 +78,7 @@ def task_accept(
     ``continuation``: the conversation a ``previous_response_id`` continues (``conversation_continuation``):
     its refusal is raised here, after the caller's idempotency key had its say; its context is copied
     into the task's request; the worker that ran the response before gets the task if it has room
-    (``tasks_app.affinity``).
+    (``tasks_app.plumbing.affinity``).
     The count that checks the queue's limit is also the new task's place in
     the line: inside the write transaction, every queued task is ahead of it.
     """

@@ -1,7 +1,7 @@
 """Webhook endpoints and their outbox (docs/webhooks.md): register, enqueue, claim, deliver, record.
 
 - Endpoints belong to one client; their URL passes the target rule of
-  ``tasks_app.webhook_http`` when registered and at every attempt.
+  ``tasks_app.plumbing.webhook_http`` when registered and at every attempt.
 - ``webhook_deliveries_enqueue`` runs inside the lifecycle's terminal
   transaction: a task's end and its deliveries commit together or not at all.
 - ``webhook_deliveries_run`` (``manage.py lmsp_webhooks``) claims due
@@ -36,8 +36,7 @@ from django.db import DatabaseError, close_old_connections, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from tasks_app import events
-from tasks_app.database_outages import database_unavailable_noted, one_line
+from tasks_app.core import events
 from tasks_app.exceptions import InvalidRequest, WebhookTestFailed
 from tasks_app.ids import (
     new_response_id,
@@ -47,8 +46,9 @@ from tasks_app.ids import (
     new_webhook_event_id,
 )
 from tasks_app.models import Client, WebhookDelivery, WebhookDeliveryStatus, WebhookEndpoint
-from tasks_app.notify import redis_client, webhooks_channel, webhooks_due_on_commit
-from tasks_app.webhook_http import (
+from tasks_app.plumbing.database_outages import database_unavailable_noted, one_line
+from tasks_app.plumbing.notify import redis_client, webhooks_channel, webhooks_due_on_commit
+from tasks_app.plumbing.webhook_http import (
     AttemptOutcome,
     WebhookTargetError,
     WebhookTargetUnresolved,
@@ -57,7 +57,7 @@ from tasks_app.webhook_http import (
     target_parse,
     webhook_post,
 )
-from tasks_app.webhook_selectors import webhook_deliveries_pending
+from tasks_app.selectors.webhooks import webhook_deliveries_pending
 
 logger = logging.getLogger("tasks_app.webhooks")
 

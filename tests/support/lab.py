@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from django.core.management import call_command
 
-from tasks_app.services.model_scan import model_scan
+from tasks_app.registry.scan import model_scan
 from tests.support.api import ApiClient
 from tests.support.db import database_url
 from tests.support.demo import ENDLESS_MODEL, ENDLESS_TAG

@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from tasks_app import lifecycle
+from tasks_app.core import lifecycle
+from tasks_app.core.lifecycle import TransitionResult
 from tasks_app.exceptions import ServerRestarted, TransitionNotAllowed
-from tasks_app.lifecycle import TransitionResult
 from tasks_app.models import Task
 from tasks_app.states import TaskStatus
 

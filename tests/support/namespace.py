@@ -41,7 +41,7 @@ def is_default_namespace(key: str) -> bool:
 
 def default_namespace_keys() -> list[str]:
     """The keys of the default namespace now on the test Redis."""
-    from tasks_app.notify import redis_client
+    from tasks_app.plumbing.notify import redis_client
 
     keys = (key.decode(errors="replace") for key in redis_client().scan_iter(match=f"*{DEFAULT_PREFIX}*", count=1000))
     return sorted(key for key in keys if is_default_namespace(key))
@@ -49,7 +49,7 @@ def default_namespace_keys() -> list[str]:
 
 def namespace_cleanup() -> list[str]:
     """Delete the run's keys and its unacknowledged messages; returns the keys that came back meanwhile."""
-    from tasks_app.notify import redis_client
+    from tasks_app.plumbing.notify import redis_client
 
     client = redis_client()
     for key in client.scan_iter(match=f"*{REDIS_PREFIX}*", count=1000):

@@ -43,7 +43,7 @@ def cancel_all(database_url: str, task_ids: list[str], barrier: Any, results: An
 def complete_all(database_url: str, task_ids: list[str], barrier: Any, results: Any) -> None:
     """Finish each task as a worker would: last deltas, then complete or honour a cancel."""
     setup_django(database_url)
-    from tasks_app import lifecycle
+    from tasks_app.core import lifecycle
     from tasks_app.states import TaskStatus
 
     outcome = {"succeeded": 0, "acknowledged_cancel": 0}

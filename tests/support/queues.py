@@ -5,7 +5,7 @@ from __future__ import annotations
 import base64
 import json
 
-from tasks_app.notify import redis_client
+from tasks_app.plumbing.notify import redis_client
 
 
 def queued_ids(name: str) -> list[str]:

@@ -91,7 +91,7 @@ def finish_as_worker(database_url: str, task_id: str, done: object) -> None:
     setup_django(database_url)
     import time
 
-    from tasks_app import lifecycle
+    from tasks_app.core import lifecycle
 
     worker = "webhook-test@host/1"
     assert lifecycle.task_claim(task_id=task_id, worker=worker).won

@@ -48,7 +48,7 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     grammar: str | None = None
     """An llguidance grammar the output must follow (``workers.backends.constraints``); None: free text.
-    The service builds it from the request (``tasks_app.response_formats``), never this class."""
+    The service builds it from the request (``tasks_app.generation.structured_output``), never this class."""
     kept_tokens: tuple[str, ...] = ()
     """Special tokens whose text the output keeps (a family's tool-call markers, for its parser);
     every other special token is left out of the text, as always."""

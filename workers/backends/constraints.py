@@ -3,7 +3,7 @@
 A constrained generation carries an :class:`OutputConstraint`: an llguidance
 matcher over the model's own tokenizer, built from a grammar string (the
 service compiles a request's ``text.format`` into one:
-``tasks_app.response_formats``; the runtime knows only grammars). Before each
+``tasks_app.generation.structured_output``; the runtime knows only grammars). Before each
 sample the row's logits keep the allowed tokens' scores and every other
 entry is ``-inf``; the sampler's steps (penalties, temperature, top-k/top-p/
 min-p, the draw) then run on that row exactly as on any other, so a row's

@@ -9,7 +9,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandParser
 
 from fixture_models.demo import DEMO_SIZES, build_demo_model
-from tasks_app.services.model_scan import model_scan
+from tasks_app.registry.scan import model_scan
 
 ENDLESS = "endless"
 

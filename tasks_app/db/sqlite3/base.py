@@ -10,7 +10,7 @@ ever waits for other processes (workers, the maintenance node).
 
 The wait for the process lock and the ``BEGIN`` after it together stay
 within the connection's busy timeout (``PRAGMA busy_timeout``, which
-``tasks_app.db_locks.lock_wait`` may change) and a tenth of it; when it runs
+``tasks_app.plumbing.db_locks.lock_wait`` may change) and a tenth of it; when it runs
 out the transaction fails with SQLite's own error, ``database is locked``,
 having written nothing. The lock is released when the transaction ends
 (commit, rollback, close), or when its connection is dropped unclosed.

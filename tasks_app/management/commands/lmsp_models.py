@@ -7,7 +7,7 @@ from pathlib import Path
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from tasks_app.models import ModelRecord
-from tasks_app.services.model_scan import model_scan
+from tasks_app.registry.scan import model_scan
 
 
 class Command(BaseCommand):
@@ -58,7 +58,7 @@ class Command(BaseCommand):
     def _pull(self, options: dict) -> None:
         # huggingface_hub loads for a pull only (it reads HF_* variables at import).
         from tasks_app.exceptions import ModelPullFailed
-        from tasks_app.services.model_pull import model_pull
+        from tasks_app.registry.pull import model_pull
 
         try:
             result = model_pull(

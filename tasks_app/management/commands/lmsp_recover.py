@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError, connection
 
-from tasks_app.db_locks import is_database_unavailable
+from tasks_app.plumbing.db_locks import is_database_unavailable
 from tasks_app.services.recovery import RecoverySummary, leftover_tasks_recover, live_workers_inspect
 
 

@@ -10,7 +10,7 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandParser
 
-from tasks_app.database_outages import outage_process_set
+from tasks_app.plumbing.database_outages import outage_process_set
 from tasks_app.services.webhooks import webhook_deliveries_run
 
 logger = logging.getLogger("tasks_app.webhooks")

@@ -1,0 +1,437 @@
+"""Function tools (PROFILE.md 10.4): the one place that translates between the tools a client offers and
+what a model reads and writes.
+
+A request's ``tools`` reach the model through its own chat template (Hugging
+Face's ``tools`` argument), and its calls come back as text in its family's
+format, which :mod:`tasks_app.generation.tool_call_parser` reads into ``function_call``
+items. The formats, by family (:data:`FORMATS`, docs/tools.md):
+
+- ``hermes`` (Hermes 2/3, Qwen2.5, Qwen3): ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``,
+  one block per call;
+- ``llama3_json`` (Llama 3.1-3.3): one ``{"name": ..., "parameters": {...}}``, alone or after
+  ``<|python_tag|>``;
+- ``mistral`` (Mistral v3 tokenizers: Nemo, 7B v0.3): ``[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]``,
+  call ids of 9 letters and digits;
+- ``mistral_args`` (Mistral v11+ tokenizers: Small 3.1/3.2, Devstral, Ministral 3):
+  ``[TOOL_CALLS]name[ARGS]{...}``, one marker per call, the same ids;
+- ``phi4_mini`` (Phi-4-mini): ``<|tool_call|>[{"name": ..., "arguments": {...}}]<|/tool_call|>``, the tools
+  given to the template in the system message's ``tools``;
+- ``functools`` (vLLM's template for Phi-4-mini): ``functools[{"name": ..., "arguments": {...}}, ...]``;
+- ``generic``, for a template that knows no tools: a system instruction lists the tools and asks for the
+  Hermes form.
+
+The family is read from the template (:func:`tool_format_of_template`), or
+set per model (``LMSP_TOOL_FORMATS``). ``tool_choice`` is enforced by the
+same constrained decoding as structured output (:func:`tools_grammar`):
+``required`` and a named function from the first token, ``auto`` from a
+call's start marker on (name among the offered tools, arguments by the
+tool's schema when it is ``strict``), ``none`` by a grammar that cannot
+start a call; ``parallel_tool_calls: false`` allows one call.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from tasks_app.exceptions import InvalidRequest
+from tasks_app.generation import structured_output
+
+NONE = "none"
+AUTO = "auto"
+REQUIRED = "required"
+NAMESPACE = "namespace"
+NAME_RE = re.compile(r"^[a-zA-Z0-9_-]{1,64}\Z")
+_ANY_OBJECT: dict[str, Any] = {"type": "object"}
+
+
+@dataclass(frozen=True)
+class ToolFormat:
+    """How one family of models writes its calls (see the module docstring)."""
+
+    name: str
+    start: str
+    """The text (often one special token) that opens the calls."""
+    end: str = ""
+    """The text that closes each call (``array`` False) or the list (``array`` True); may be empty."""
+    array: bool = False
+    """The calls are one JSON list after ``start`` (else one object per ``start`` ... ``end``)."""
+    arguments_key: str = "arguments"
+    bare_json: bool = False
+    """A call may also be a JSON object at the very start of the output, with no marker (Llama 3)."""
+    single: bool = False
+    """The format holds one call only."""
+    body_prefix: str = ""
+    """What the model writes between ``start`` and the JSON (Hermes: a newline)."""
+    body_suffix: str = ""
+    call_id_length: int | None = None
+    args_marker: str = ""
+    """Calls written as ``name`` + this marker + the arguments' JSON, not as a JSON object (Mistral v11+)."""
+    separator: str = "\n"
+    """Between one call block and the next start marker (formats with a marker per call)."""
+    tools_in_system: bool = False
+    """The template reads the tools as JSON text in the system message's ``tools`` (Phi-4-mini)."""
+    template_tools: bool = True
+    """The template gets ``tools``; False: a system instruction carries them (``generic``)."""
+
+
+FORMATS: dict[str, ToolFormat] = {
+    fmt.name: fmt
+    for fmt in (
+        ToolFormat("hermes", "<tool_call>", "</tool_call>", body_prefix="\n", body_suffix="\n"),
+        ToolFormat("llama3_json", "<|python_tag|>", "", arguments_key="parameters", bare_json=True, single=True),
+        ToolFormat("mistral", "[TOOL_CALLS]", "", array=True, call_id_length=9),
+        ToolFormat("mistral_args", "[TOOL_CALLS]", "", call_id_length=9, args_marker="[ARGS]", separator=""),
+        ToolFormat("phi4_mini", "<|tool_call|>", "<|/tool_call|>", array=True, tools_in_system=True),
+        ToolFormat("functools", "functools", "", array=True),
+        ToolFormat("generic", "<tool_call>", "</tool_call>", template_tools=False),
+    )
+}
+
+# What gives a template's family away, most specific first.
+_TEMPLATE_MARKS: tuple[tuple[str, str], ...] = (
+    ("[ARGS]", "mistral_args"),
+    ("[TOOL_CALLS]", "mistral"),
+    ("<tool_call>", "hermes"),
+    ("<|python_tag|>", "llama3_json"),
+    ("Environment: ipython", "llama3_json"),
+    ("functools[", "functools"),
+    ("<|tool_call|>", "phi4_mini"),
+    ("<|tool|>", "phi4_mini"),
+)
+
+
+def tool_format_of_template(source: str | None) -> ToolFormat:
+    """The family a chat template's own text names; ``generic`` for one that knows no tools."""
+    for mark, name in _TEMPLATE_MARKS:
+        if source and mark in source:
+            return FORMATS[name]
+    return FORMATS["generic"]
+
+
+def markers_of(fmt: ToolFormat) -> list[str]:
+    """The texts a family's calls are marked with (which a model may have as single tokens)."""
+    return [text for text in (fmt.start, fmt.end, fmt.args_marker) if text]
+
+
+def tool_format_named(name: str) -> ToolFormat:
+    try:
+        return FORMATS[name]
+    except KeyError:
+        raise ValueError(f"unknown tool format {name!r}; one of {', '.join(FORMATS)}") from None
+
+
+# --------------------------------------------------------------------------- #
+# The request: which tools, which choice
+# --------------------------------------------------------------------------- #
+
+
+@dataclass(frozen=True)
+class ToolChoice:
+    """What a request's ``tool_choice`` and ``parallel_tool_calls`` ask, resolved against its tools."""
+
+    mode: str
+    """``none``, ``auto`` or ``required``."""
+    tools: tuple[Mapping[str, Any], ...]
+    """The tools a call may name (all offered, or those ``allowed_tools`` or a named choice leave)."""
+    parallel: bool
+
+    @property
+    def max_calls(self) -> int | None:
+        return None if self.parallel else 1
+
+
+def _offered(request: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any], str | None]]:
+    """Each function the request offers: its path in ``tools``, the tool, and the namespace it is in.
+
+    A ``namespace`` tool only groups functions: each is offered to the model
+    under its own name (names are unique across the request, so a call's
+    name alone says which function it is), and its call's item names the
+    ``namespace`` beside the ``name``, as OpenAI's does (Codex CLI dispatches
+    by the pair).
+    Hosted tools are not offered: the model chooses among what runs here, as
+    if it chose not to call the others.
+    """
+    offered = []
+    for index, tool in enumerate(request.get("tools") or ()):
+        kind = tool.get("type", "function")
+        if kind == "function":
+            offered.append((f"tools[{index}]", tool, None))
+        elif kind == NAMESPACE:
+            offered += [
+                (f"tools[{index}].tools[{inner}]", function, tool.get("name"))
+                for inner, function in enumerate(tool.get("tools") or ())
+                if function.get("type", "function") == "function"
+            ]
+    return offered
+
+
+def function_tools(request: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """The stored request's function tools (``{"type": "function", "name", ...}``), a namespace's included."""
+    return [tool for _, tool, _ in _offered(request)]
+
+
+def namespaces(request: Mapping[str, Any]) -> dict[str, str]:
+    """The namespace of each offered function that is in one, by the function's name."""
+    return {tool["name"]: namespace for _, tool, namespace in _offered(request) if namespace}
+
+
+def hosted_tools(request: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """The tools of types this service does not run (offered by default by agents; never shown to the model)."""
+    return [tool for tool in request.get("tools") or () if tool.get("type", "function") not in ("function", NAMESPACE)]
+
+
+def _choice_name(choice: Mapping[str, Any]) -> str | None:
+    # Responses: {"type": "function", "name"}; Chat: {"type": "function", "function": {"name"}}.
+    return choice.get("name") or (choice.get("function") or {}).get("name")
+
+
+def tool_choice_of(request: Mapping[str, Any]) -> ToolChoice:
+    """The choice a stored (checked) request makes; ``none`` when it offers no tools."""
+    tools = function_tools(request)
+    parallel = request.get("parallel_tool_calls", True) is not False
+    choice = request.get("tool_choice") or AUTO
+    if not tools:
+        return ToolChoice(NONE, (), parallel)
+    if isinstance(choice, str):
+        return ToolChoice(choice, tuple(tools), parallel)
+    if choice.get("type") == "allowed_tools":
+        names = {_choice_name(tool) for tool in choice.get("tools") or ()}
+        return ToolChoice(choice.get("mode", AUTO), tuple(t for t in tools if t["name"] in names), parallel)
+    name = _choice_name(choice)
+    # A named function is one call of it (as OpenAI and vLLM force it), whatever parallel_tool_calls says.
+    return ToolChoice(REQUIRED, tuple(t for t in tools if t["name"] == name), parallel=False)
+
+
+def tools_check(request: Mapping[str, Any], *, chat: bool = False) -> None:
+    """Refuse, naming the field, tools and choices that cannot be enforced (before anything is queued).
+
+    Names must be unique and OpenAI-shaped (a namespace's functions among
+    all the others: the model calls them by name); every tool's
+    ``parameters`` must compile to a grammar (a call's arguments are
+    constrained by it); a named or allowed tool must be one the request
+    offers; a choice that requires a call needs a function to call (a hosted
+    tool offered beside it is never called here).
+    """
+    offered = _offered(request)
+    choice = request.get("tool_choice")
+    choice_param = "tool_choice"
+    where = ".function" if chat else ""
+    if not offered:
+        if choice in (None, NONE, AUTO):
+            return
+        if hosted_tools(request):
+            raise InvalidRequest(
+                "tool_choice asks for a tool call, but the request offers only hosted tools, which do not run here",
+                errors=[{"field": choice_param, "message": "requires tools that run here (hosted tools do not)"}],
+            )
+        raise InvalidRequest(
+            "tool_choice asks for a tool call, but the request has no tools",
+            errors=[{"field": choice_param, "message": "requires tools"}],
+        )
+    seen: set[str] = set()
+    for path, tool, _ in offered:
+        name = tool.get("name") or ""
+        field = f"{path}{where}.name"
+        if not NAME_RE.match(name):
+            raise InvalidRequest(
+                f"tool name {name!r} must be 1-64 letters, digits, _ or -",
+                errors=[{"field": field, "message": "letters, digits, _ and -, at most 64"}],
+            )
+        if name in seen:
+            raise InvalidRequest(
+                f"two tools are named {name!r} (a namespace's functions are called by their own names)",
+                errors=[{"field": field, "message": "tool names must be unique"}],
+            )
+        seen.add(name)
+        _parameters_check(tool, f"{path}{where}.parameters")
+    if isinstance(choice, Mapping):
+        _named_choice_check(choice, seen)
+
+
+def _named_choice_check(choice: Mapping[str, Any], offered: set[str]) -> None:
+    """A named function or ``allowed_tools`` names only functions the request offers."""
+    allowed = choice.get("type") == "allowed_tools"
+    for tool in choice.get("tools") or () if allowed else ():
+        kind = tool.get("type") if isinstance(tool, Mapping) else None
+        if kind not in (None, "function", NAMESPACE):
+            raise InvalidRequest(
+                f"tool_choice allows {kind!r}, a hosted tool, which does not run here",
+                errors=[{"field": "tool_choice", "message": f"no tool named {kind!r} runs here (a hosted tool)"}],
+            )
+    wanted = [_choice_name(tool) for tool in choice.get("tools") or ()] if allowed else [_choice_name(choice)]
+    for name in wanted:
+        if name not in offered:
+            raise InvalidRequest(
+                f"tool_choice names {name!r}, which is not among the request's tools",
+                errors=[{"field": "tool_choice", "message": f"no tool named {name!r}"}],
+            )
+    if allowed and not wanted and choice.get("mode") == REQUIRED:
+        raise InvalidRequest(
+            "tool_choice allowed_tools requires a call but allows no tool",
+            errors=[{"field": "tool_choice", "message": "allows no tool"}],
+        )
+
+
+def _parameters_check(tool: Mapping[str, Any], field: str) -> None:
+    parameters = tool.get("parameters")
+    if parameters is None:
+        return
+    problem = structured_output.schema_problem(parameters)
+    if problem:
+        raise InvalidRequest(
+            f"the parameters of tool {tool.get('name')!r} cannot be enforced: {problem}",
+            errors=[{"field": field, "message": problem}],
+        )
+
+
+def tools_summary(request: Mapping[str, Any]) -> str:
+    """The tools and the choice a task runs under, in a few words (the admin's task page)."""
+    choice = tool_choice_of(request)
+    if not function_tools(request):
+        return "none"
+    names = ", ".join(tool["name"] for tool in choice.tools) or "none"
+    parallel = "" if choice.parallel else ", one call at most"
+    return f"tool_choice {choice.mode} over {names}{parallel}: calls enforced by a grammar"
+
+
+# --------------------------------------------------------------------------- #
+# The prompt: tools as the template takes them
+# --------------------------------------------------------------------------- #
+
+
+def template_tools(request: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The offered tools in Hugging Face's shape (``{"type": "function", "function": {...}}``).
+
+    All offered tools are shown (as OpenAI shows them); ``tool_choice`` narrows what may be called.
+    """
+    shown = []
+    for tool in function_tools(request):
+        function: dict[str, Any] = {"name": tool["name"]}
+        if tool.get("description"):
+            function["description"] = tool["description"]
+        function["parameters"] = tool.get("parameters") or {"type": "object", "properties": {}}
+        shown.append({"type": "function", "function": function})
+    return shown
+
+
+def generic_instruction(tools: Sequence[Mapping[str, Any]]) -> str:
+    """The system text that offers tools to a model whose template knows none (the ``generic`` format)."""
+    listed = "\n".join(json.dumps(tool["function"], ensure_ascii=False) for tool in tools)
+    return (
+        "You can call these functions:\n"
+        f"{listed}\n"
+        'To call one, write <tool_call>{"name": <function name>, "arguments": <arguments as a JSON object>}'
+        "</tool_call>, one block per call, and nothing after the calls."
+    )
+
+
+# --------------------------------------------------------------------------- #
+# The grammar: tool_choice enforced
+# --------------------------------------------------------------------------- #
+
+
+def _lark_string(text: str) -> str:
+    return json.dumps(text, ensure_ascii=False)
+
+
+def _marker(text: str, token_ids: Mapping[str, int]) -> str:
+    """A marker in the grammar: by token id where it is one token of the model (a text literal equal to a
+    special token's text would let the mask allow that token and then refuse it), else as text."""
+    if not text:
+        return ""
+    token = token_ids.get(text)
+    return f"<[{token}]>" if token is not None else _lark_string(text)
+
+
+def _call_rule(fmt: ToolFormat, tool: Mapping[str, Any], token_ids: Mapping[str, int]) -> str:
+    """One call of ``tool`` as the family writes it (a JSON object, or the name, a marker and the arguments),
+    arguments by its schema (strict or not: a client that gives a schema gets it); compact, as structured
+    output is."""
+    arguments = f"%json {json.dumps(_compact(tool.get('parameters') or _ANY_OBJECT), ensure_ascii=False)}"
+    if fmt.args_marker:
+        return f"{_lark_string(tool['name'])} {_marker(fmt.args_marker, token_ids)} {arguments}"
+    head = _lark_string('{"name": ' + json.dumps(tool["name"]) + f', "{fmt.arguments_key}": ')
+    return f'{head} {arguments} "}}"'
+
+
+def tools_grammar(request: Mapping[str, Any], fmt: ToolFormat, *, token_ids: Mapping[str, int]) -> str | None:
+    """The llguidance grammar that enforces the request's ``tool_choice`` in ``fmt``; None without tools.
+
+    ``token_ids`` maps a marker's text to its token id where the model has it
+    as one token. With ``text.format`` JSON, the answer an ``auto`` or
+    ``none`` choice allows instead of calls is that JSON.
+    """
+    if not function_tools(request):
+        return None
+    choice = tool_choice_of(request)
+    text_format = structured_output.text_format_of(request)
+    structured = text_format.get("type") in structured_output.STRUCTURED
+    special = fmt.start in token_ids
+    start = _marker(fmt.start, token_ids)
+    end = _marker(fmt.end, token_ids)
+    many = not fmt.single and choice.parallel
+    # The calls after their first start marker: the first marker is the trigger of an auto choice.
+    if fmt.array:
+        rest = ('"[" call ("," " " call)* "]"' if many else '"[" call "]"') + (f" {end}" if end else "")
+        again = ""
+    else:
+        one = " ".join(
+            p
+            for p in (
+                _lark_string(fmt.body_prefix) if fmt.body_prefix else "",
+                "call",
+                _lark_string(fmt.body_suffix) if fmt.body_suffix else "",
+                end,
+            )
+            if p
+        )
+        rest = one
+        separator = _lark_string(fmt.separator) if fmt.separator else ""
+        again = f" ({separator} {start} {one})*" if many else ""
+    lines = ["%llguidance {}"]
+    alternatives = " | ".join(f"call_{i}" for i in range(len(choice.tools)))
+    if choice.tools:
+        lines.append(f"call: {alternatives}")
+        lines += [f"call_{i}: {_call_rule(fmt, tool, token_ids)}" for i, tool in enumerate(choice.tools)]
+    lines.append(f"calls_rest: {rest}{again}")
+    no_marker = f"/(.|\\n)*/ & ~/(.|\\n)*{_regex_text(fmt.start)}(.|\\n)*/"
+    if structured:
+        lines.append(f"answer: %json {json.dumps(_answer_schema(text_format), ensure_ascii=False)}")
+    if choice.mode == REQUIRED:
+        # Llama 3's template asks for the bare JSON object: that is what a required call is.
+        lines.insert(1, "start: call" if fmt.bare_json else f"start: {start} calls_rest")
+    elif choice.mode == NONE or not choice.tools:
+        lines.insert(1, "start: answer" if structured else "start: TEXT")
+        lines.append(f"TEXT: {no_marker}")
+    elif structured:
+        lines.insert(1, f"start: answer | {start} calls_rest")
+    elif fmt.bare_json:
+        lines.insert(1, f"start: TEXT | {start} calls_rest | call")
+        lines.append(f"TEXT: ({no_marker}) & ~/[ \\t\\n]*\\{{(.|\\n)*/")
+    elif special:
+        lines.insert(1, f"start: TEXT | ANY {start} calls_rest")
+        lines += [f"TEXT: {no_marker}", "ANY: /(.|\\n)*/"]
+    else:
+        # A text marker: the text before it ends where the marker does (a lazy lexeme).
+        lines.insert(1, "start: TEXT | trigger calls_rest")
+        lines += [f"trigger[lazy]: ANY {start}", f"TEXT: {no_marker}", "ANY: /(.|\\n)*/"]
+    return "\n".join(lines) + "\n"
+
+
+def _regex_text(text: str) -> str:
+    return re.escape(text).replace("/", "\\/")
+
+
+def _answer_schema(text_format: Mapping[str, Any]) -> Mapping[str, Any]:
+    if text_format.get("type") == structured_output.JSON_SCHEMA:
+        return _compact(text_format.get("schema") or _ANY_OBJECT)
+    return _compact(_ANY_OBJECT)
+
+
+def _compact(schema: Mapping[str, Any]) -> dict[str, Any]:
+    """``schema`` compiled as structured output compiles it (compact JSON, no invented keys)."""
+    return structured_output.grammar_schema(schema)

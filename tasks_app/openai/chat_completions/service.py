@@ -1,0 +1,37 @@
+"""Chat completions (PROFILE.md 10.3): a response request under another shape.
+
+``chat_completion_start`` accepts the translated request as a response
+(``response_start``: the same task, workers and engine); a chat client
+that leaves before the end cancels it (``chat_completion_abandon``),
+since a chat completion cannot be followed again.
+"""
+
+from __future__ import annotations
+
+from tasks_app.exceptions import TaskNotCancelable
+from tasks_app.models import Client, Task
+from tasks_app.openai.chat_completions.translate import ChatRequest
+from tasks_app.services.responses import ResponseStarted, response_start
+from tasks_app.services.tasks import task_cancel
+
+
+def chat_completion_start(*, client: Client, chat: ChatRequest) -> ResponseStarted:
+    """Accept a translated chat request as a response task, durable once this returns."""
+    return response_start(
+        client=client,
+        request=chat.response_request,
+        idempotency_key=None,
+        request_hash=None,
+        stream=chat.stream,
+    )
+
+
+def chat_completion_abandon(*, task_id: str) -> None:
+    """Cancel the task of a chat completion whose client went away; one that ended stays as it is."""
+    task = Task.objects.filter(pk=task_id).first()
+    if task is None:
+        return
+    try:
+        task_cancel(task=task)
+    except TaskNotCancelable:
+        pass
