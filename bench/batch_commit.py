@@ -17,6 +17,8 @@ import time
 
 from scratch import django_in_scratch
 
+from tests.support.specs import spec_json
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -30,7 +32,12 @@ def main() -> None:
     from tasks_app.services.clients import client_create
 
     client, _ = client_create(name="bench", scopes="responses")
-    task = lifecycle.task_insert(client=client, request={"model": "demo", "input": "x"}, model="demo")
+    task = lifecycle.task_insert(
+        client=client,
+        request={"model": "demo", "input": "x"},
+        generation=spec_json({"model": "demo", "input": "x"}),
+        model="demo",
+    )
     worker, item = "bench/1", "msg_bench"
     if hasattr(lifecycle, "task_progress"):
         lifecycle.task_claim(task_id=task.id, worker=worker)

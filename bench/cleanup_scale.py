@@ -16,6 +16,8 @@ from datetime import timedelta
 
 from scratch import django_in_scratch
 
+from tests.support.specs import spec_json
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -39,7 +41,12 @@ def main() -> None:
     ids = []
     with transaction.atomic():
         for _ in range(args.tasks):
-            task = lifecycle.task_insert(client=client, request={"model": "demo", "input": "x"}, model="demo")
+            task = lifecycle.task_insert(
+                client=client,
+                request={"model": "demo", "input": "x"},
+                generation=spec_json({"model": "demo", "input": "x"}),
+                model="demo",
+            )
             lifecycle.task_claim(task_id=task.id, worker="bench/1")
             lifecycle.task_start(task_id=task.id, worker="bench/1", item_id="msg_bench")
             lifecycle.task_progress(

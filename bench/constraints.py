@@ -41,8 +41,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from fixture_models.demo import build_demo_model  # noqa: E402
-from tasks_app.generation.structured_output import format_grammar  # noqa: E402
+from tasks_app.generation.structured_output import constraint_grammar  # noqa: E402
 from tasks_app.generation.tool_calls import FORMATS, tools_grammar  # noqa: E402
+from tests.support.specs import prompt_for, spec_of  # noqa: E402
 from workers.backends.base import EngineObserver, SamplingParams  # noqa: E402
 from workers.backends.constraints import ConstraintTokenizer, OutputConstraint  # noqa: E402
 from workers.backends.onnx.engine import BatchEngine  # noqa: E402
@@ -143,11 +144,15 @@ def masks_bench(cache: Path, *, steps: int, seed: int) -> dict[str, Any]:
     tokenizer = ConstraintTokenizer(tokenizer_path, vocab_size=WIDE, eos_token_ids=[eos], model="bench-wide")
     built = time.perf_counter() - started
     grammars = {
-        "json_schema": format_grammar({"text": {"format": {"type": "json_schema", "name": "w", "schema": WEATHER}}}),
+        "json_schema": constraint_grammar(
+            spec_of({"text": {"format": {"type": "json_schema", "name": "w", "schema": WEATHER}}}).constraint
+        ),
         # The service's own grammars (tasks_app.generation.tool_calls), Hermes/Qwen format: a call from the first token,
         # and auto (free text, calls after the <tool_call> marker: a lazy trigger).
-        "tool_call": tools_grammar({"tools": TOOLS, "tool_choice": "required"}, FORMATS["hermes"], token_ids={}),
-        "tool_auto": tools_grammar({"tools": TOOLS, "tool_choice": "auto"}, FORMATS["hermes"], token_ids={}),
+        "tool_call": tools_grammar(
+            spec_of({"tools": TOOLS, "tool_choice": "required"}), FORMATS["hermes"], token_ids={}
+        ),
+        "tool_auto": tools_grammar(spec_of({"tools": TOOLS, "tool_choice": "auto"}), FORMATS["hermes"], token_ids={}),
     }
     executor = llguidance.LLExecutor()
     rng = np.random.default_rng(seed)
@@ -222,7 +227,7 @@ def engine_run(model: OnnxModel, *, grammar: str | None, rows: int, tokens: int)
     )
     params = SamplingParams(temperature=0.9, top_p=0.95, seed=5, max_output_tokens=tokens, grammar=grammar)
     generations = [
-        model.generate(model.prompt_ids({"input": f"Story {i}"}), params, should_stop=lambda: False)
+        model.generate(model.prompt_ids(prompt_for({"input": f"Story {i}"})), params, should_stop=lambda: False)
         for i in range(rows)
     ]
     started = time.perf_counter()
@@ -249,7 +254,9 @@ def engine_bench(*, runs: int, rows: int, tokens: int) -> dict[str, Any]:
         folder = Path(tmp) / "base"
         build_demo_model(folder, size="base", endless=True)
         model = OnnxModel(folder, intra_op_threads=1)
-        grammar = format_grammar({"text": {"format": {"type": "json_schema", "name": "a", "schema": LONG_ARRAY}}})
+        grammar = constraint_grammar(
+            spec_of({"text": {"format": {"type": "json_schema", "name": "a", "schema": LONG_ARRAY}}}).constraint
+        )
         results: dict[str, list[dict[str, float]]] = {"unconstrained": [], "constrained": []}
         engine_run(model, grammar=None, rows=rows, tokens=20)  # warm up
         for _ in range(runs):

@@ -94,13 +94,13 @@ def main() -> None:
                 if q["sql"].lstrip().upper().startswith("SELECT") and f"FROM {table}" in q["sql"]
             )
             if n == 0:
-                request = Response.objects.values_list("request", flat=True).get(pk=probe["id"])
-                items = len(request["context"])
-                stored = len(json.dumps(request["context"]))
+                generation = Response.objects.values_list("generation", flat=True).get(pk=probe["id"])
+                items = generation["context_turns"]
+                stored = len(json.dumps(generation["turns"][:items]))
         rows.append((depth, items, stored, statements, chain_reads, statistics.median(times)))
 
     print(f"database: {connection.vendor}; {args.repeat} accepts continuing the response at each depth")
-    print("| depth | context items | context bytes | statements per accept | response-table reads | median accept |")
+    print("| depth | context turns | context bytes | statements per accept | response-table reads | median accept |")
     print("|---:|---:|---:|---:|---:|---:|")
     for depth, items, stored, statements, chain_reads, median in rows:
         print(f"| {depth} | {items} | {stored:,} | {statements} | {chain_reads} | {median:.2f} ms |")

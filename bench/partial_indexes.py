@@ -41,6 +41,8 @@ from typing import Any
 
 from scratch import django_in_scratch
 
+from tests.support.specs import spec_json
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -119,7 +121,10 @@ def main() -> None:
     with transaction.atomic():
         for n in range(args.queued + args.held):
             task = lifecycle.task_insert(
-                client=clients[n % len(clients)], request={"model": "demo", "input": "x"}, model="demo"
+                client=clients[n % len(clients)],
+                request={"model": "demo", "input": "x"},
+                generation=spec_json({"model": "demo", "input": "x"}),
+                model="demo",
             )
             unfinished.append(task.id)
             if n < args.queued:

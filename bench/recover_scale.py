@@ -18,6 +18,8 @@ from typing import Any
 
 from scratch import django_in_scratch
 
+from tests.support.specs import spec_json
+
 
 def clone(task_id: str, copies: int, chunk: int = 2000) -> None:
     """Copy a task with its response, events and snapshots ``copies`` times, in bulk."""
@@ -79,11 +81,21 @@ def main() -> None:
     # seconds, and every clone is exactly what the verbs write.
     templates = []
     with transaction.atomic():
-        task = lifecycle.task_insert(client=client, request={"model": "demo", "input": "x"}, model="demo")
+        task = lifecycle.task_insert(
+            client=client,
+            request={"model": "demo", "input": "x"},
+            generation=spec_json({"model": "demo", "input": "x"}),
+            model="demo",
+        )
         lifecycle.task_fail(task_id=task.id, error=ServerRestarted("old").to_problem())
         finished_template = task.id
         for n in range(9):
-            task = lifecycle.task_insert(client=client, request={"model": "demo", "input": "x"}, model="demo")
+            task = lifecycle.task_insert(
+                client=client,
+                request={"model": "demo", "input": "x"},
+                generation=spec_json({"model": "demo", "input": "x"}),
+                model="demo",
+            )
             Task.objects.filter(pk=task.id).update(on_restart=policies[n // 3])
             templates.append(task.id)
             if n % 3 == 0:

@@ -21,6 +21,8 @@ from typing import Any
 
 from scratch import demo_model_register, django_in_scratch
 
+from tests.support.specs import spec_json
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -57,14 +59,17 @@ def main() -> None:
 
     # Warm the model cache so the first row does not pay the load.
     warm = lifecycle.task_insert(
-        client=client, request={"model": "demo", "input": "warm", "max_output_tokens": 4}, model="demo"
+        client=client,
+        request={"model": "demo", "input": "warm", "max_output_tokens": 4},
+        generation=spec_json({"model": "demo", "input": "warm", "max_output_tokens": 4}),
+        model="demo",
     )
     task_execute(task_id=warm.id, worker="bench/0")
 
     print(f"{'tokens':>7} {'wall s':>7} {'tok/s':>7} {'snapshot writes':>16} {'snapshot bytes':>15}")
     for tokens in args.tokens:
         request = {"model": "demo", "input": "Tell me a story", "max_output_tokens": tokens, "seed": 7}
-        task = lifecycle.task_insert(client=client, request=request, model="demo")
+        task = lifecycle.task_insert(client=client, request=request, generation=spec_json(request), model="demo")
         counts.update(statements=0, bytes=0, on=1)
         started = time.perf_counter()
         task_execute(task_id=task.id, worker="bench/1")

@@ -29,6 +29,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from scratch import django_in_scratch
 
+from tests.support.specs import spec_json
+
 
 def percentile(values: list[float], share: float) -> float:
     ordered = sorted(values)
@@ -81,7 +83,11 @@ def main() -> None:
         ids = []
         for _ in range(args.tasks):
             task = lifecycle.task_insert(
-                client=client, request={"model": "demo", "input": "x"}, model="demo", notify_webhooks=True
+                client=client,
+                request={"model": "demo", "input": "x"},
+                generation=spec_json({"model": "demo", "input": "x"}),
+                model="demo",
+                notify_webhooks=True,
             )
             lifecycle.task_claim(task_id=task.id, worker="bench/1")
             lifecycle.task_start(task_id=task.id, worker="bench/1", item_id="msg_1")

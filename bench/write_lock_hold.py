@@ -21,6 +21,8 @@ from contextlib import contextmanager
 
 from scratch import django_in_scratch
 
+from tests.support.specs import spec_json
+
 _held: dict[str, list[float]] = defaultdict(list)
 
 
@@ -80,7 +82,12 @@ def main() -> None:
     worker, item = "bench/1", "msg_bench"
     prompt_ids = list(range(300))
     for n in range(args.tasks):
-        task = lifecycle.task_insert(client=client, request={"model": "demo", "input": "x"}, model="demo")
+        task = lifecycle.task_insert(
+            client=client,
+            request={"model": "demo", "input": "x"},
+            generation=spec_json({"model": "demo", "input": "x"}),
+            model="demo",
+        )
         with timed_transactions("task_claim"):
             lifecycle.task_claim(task_id=task.id, worker=worker)
         with timed_transactions("task_start"):

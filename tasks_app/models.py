@@ -151,7 +151,12 @@ class Response(models.Model):
     client = models.ForeignKey(Client, on_delete=models.PROTECT, related_name="responses")
     model = models.CharField(max_length=200)
     status = models.CharField(max_length=20, choices=ResponseStatus.choices, default=ResponseStatus.QUEUED)
-    request = JSONTextField(help_text="The validated response request")
+    request = JSONTextField(help_text="The validated response request, as its client sent it")
+    generation = JSONTextField(
+        null=True,
+        blank=True,
+        help_text="The generation spec the worker runs (tasks_app.generation.spec), translated from the request",
+    )
     output = JSONTextField(default=list)
     usage = JSONTextField(null=True, blank=True)
     error = JSONTextField(null=True, blank=True)

@@ -33,6 +33,7 @@ from tasks_app.registry.scan import model_scan
 from tasks_app.selectors import tasks as selectors
 from tasks_app.services.idempotency import idempotency_claim
 from tasks_app.states import TaskStatus
+from tests.support.specs import spec_json
 from tests.test_query_plans import assert_read_through, statements, tasks_selects
 
 S = TaskStatus
@@ -78,6 +79,7 @@ def new_task(make_client, demo_model) -> Callable[..., Task]:
         task = lifecycle.task_insert(
             client=client or owner,
             request={"model": model, "input": prompt, "max_output_tokens": 50, **request},
+            generation=spec_json({"model": model, "input": prompt, "max_output_tokens": 50, **request}),
             model=model,
         )
         if status == S.FAILED:
@@ -131,7 +133,12 @@ def seed(make_client, demo_model) -> Callable[[int], list[Task]]:
             with transaction.atomic():
                 claim = idempotency_claim(client=client, endpoint="tasks", key=f"key-{index}", request_hash="0" * 64)
                 tasks.append(
-                    lifecycle.task_insert(client=client, request={"model": "demo", "input": f"n{index}"}, model="demo")
+                    lifecycle.task_insert(
+                        client=client,
+                        request={"model": "demo", "input": f"n{index}"},
+                        generation=spec_json({"model": "demo", "input": f"n{index}"}),
+                        model="demo",
+                    )
                 )
             IdempotencyKey.objects.filter(pk=claim.record.pk).update(task=tasks[-1])
         return tasks
@@ -291,7 +298,7 @@ def test_a_task_page_shows_its_calls_and_the_tools_it_runs_under(admin_client, m
     owner, _ = make_client("caller")
     tools = [{"type": "function", "name": "get_weather", "parameters": {"type": "object"}}]
     request = {"model": "demo", "input": "Weather?", "tools": tools, "tool_choice": "required"}
-    task = lifecycle.task_insert(client=owner, request=request, model="demo")
+    task = lifecycle.task_insert(client=owner, request=request, generation=spec_json(request), model="demo")
     assert lifecycle.task_claim(task_id=task.id, worker=WORKER).won
     assert lifecycle.task_start(task_id=task.id, worker=WORKER, item_id=None).won
     # As a worker writes them: text, then a call whose arguments are still being written.

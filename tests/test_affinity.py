@@ -23,18 +23,23 @@ from tasks_app.plumbing.affinity import (
     affinity_queue_for,
     affinity_remember,
     affinity_withdraw,
-    conversation_key,
     node_of,
 )
 from tasks_app.plumbing.notify import redis_client
 from tests.support.demo import ENDLESS_MODEL
 from tests.support.namespace import REDIS_PREFIX
 from tests.support.queues import queued_ids
+from tests.support.specs import spec_of
 from tests.support.waiting import wait_until
 from tests.support.worker import stop_process_group
 
 LEFT = "left@host"
 NAMES = ("left", "right")
+
+
+def conversation_key(request: dict[str, Any]) -> str:
+    """The key a request's conversation is routed by, as its accepted spec computes it."""
+    return spec_of(request).conversation_key()
 
 
 def finished_response(api: Any, worker: str) -> str:
@@ -103,7 +108,7 @@ def test_with_routing_off_a_continued_response_goes_to_the_shared_queue(api, que
 
 def test_an_echoed_conversation_goes_to_the_node_that_last_ran_its_beginning(api, queue, left_queue):
     turn_one = {"model": "demo", "input": "Hi", "instructions": "Be brief."}
-    affinity_remember(request=turn_one, worker=f"{LEFT}/4242")
+    affinity_remember(conversation=conversation_key(turn_one), worker=f"{LEFT}/4242")
     affinity_announce(node=LEFT, room=1)
     history = [
         {"role": "user", "content": "Hi"},
@@ -128,7 +133,7 @@ def test_an_echoed_conversation_goes_to_the_node_that_last_ran_its_beginning(api
 def test_a_prompt_cache_key_routes_its_requests_to_the_node_that_last_ran_one(api, queue, left_queue):
     """Codex CLI names its session in ``prompt_cache_key``, its history changing each turn: the key routes."""
     keyed = {"model": "demo", "input": "Hi", "prompt_cache_key": "session-7"}
-    affinity_remember(request=keyed, worker=f"{LEFT}/4242")
+    affinity_remember(conversation=conversation_key(keyed), worker=f"{LEFT}/4242")
     affinity_announce(node=LEFT, room=1)
 
     def sent(**changes: Any) -> str:

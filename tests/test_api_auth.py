@@ -13,6 +13,7 @@ from tasks_app.services.clients import client_revoke
 from tasks_app.states import TaskStatus
 from tests.support.api import ApiClient
 from tests.support.problems import assert_problem
+from tests.support.specs import spec_json
 
 
 def assert_unauthorized(response) -> dict:
@@ -181,7 +182,12 @@ def test_read_scope_cannot_post_a_task(reader):
 def test_read_scope_cannot_cancel_even_its_own_task(reader, make_client):
     from tasks_app.core import lifecycle
 
-    task = lifecycle.task_insert(client=reader.client, request={"model": "demo", "input": "x"}, model="demo")
+    task = lifecycle.task_insert(
+        client=reader.client,
+        request={"model": "demo", "input": "x"},
+        generation=spec_json({"model": "demo", "input": "x"}),
+        model="demo",
+    )
     before = task_row(task.id)
     # It may read it ...
     assert reader.get(f"/lmsp/v1/tasks/{task.id}").status_code == 200

@@ -18,6 +18,7 @@ from tasks_app.services.tasks import task_create
 from tasks_app.states import RestartPolicy, TaskStatus
 from tests.support import moves
 from tests.support.db import count_rows
+from tests.support.specs import spec_of
 
 S = TaskStatus
 TASK_FIELDS = [
@@ -122,10 +123,15 @@ def test_accepting_inside_another_transaction_is_refused_before_anything_is_writ
     request = {"model": "demo", "input": "x"}
     with pytest.raises(RuntimeError, match="durable"), transaction.atomic():
         task_create(
-            client=client, request=request, on_restart=RestartPolicy.FAIL, idempotency_key=None, request_hash=None
+            client=client,
+            request=request,
+            spec=spec_of(request),
+            on_restart=RestartPolicy.FAIL,
+            idempotency_key=None,
+            request_hash=None,
         )
     with pytest.raises(RuntimeError, match="durable"), transaction.atomic():
-        response_start(client=client, request=request, idempotency_key=None, request_hash=None)
+        response_start(client=client, request=request, spec=spec_of(request), idempotency_key=None, request_hash=None)
     assert not Task.objects.exists()
 
 

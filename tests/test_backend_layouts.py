@@ -26,6 +26,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from tests.support.quantized import PER_CALL, U8S8_SATURATES, case_ids, cpu_isa, expected_case, recorded_ids
+from tests.support.specs import prompt_for
 from workers.backends.base import FINISH_EOS, FINISH_LENGTH, SamplingParams, Step
 from workers.backends.errors import ModelLoadError
 from workers.backends.onnx import OnnxModel, OnnxRuntimeBackend
@@ -153,7 +154,7 @@ def test_the_fixtures_cover_every_layout_and_the_quantized_variants() -> None:
 @pytest.mark.parametrize(("key", "index"), CASES)
 def test_prompt_ids_equal_the_recorded_ones(load: Loader, key: str, index: int) -> None:
     case = case_of(key, index)
-    assert load(key, WHOLE).prompt_ids(case["request"]) == case["prompt_ids"]
+    assert load(key, WHOLE).prompt_ids(prompt_for(case["request"])) == case["prompt_ids"]
 
 
 @pytest.mark.parametrize(("key", "index"), CASES)

@@ -17,6 +17,7 @@ import onnxruntime as ort
 import pytest
 
 from fixture_models.demo import _bytes_to_unicode
+from tests.support.specs import prompt_for
 from workers.backends import get_backend
 from workers.backends import onnx as onnx_backend
 from workers.backends.base import (
@@ -64,7 +65,7 @@ def model(model_dir: Path) -> Iterator[OnnxModel]:
 
 @pytest.fixture(scope="module")
 def prompt(model: OnnxModel) -> list[int]:
-    return model.prompt_ids(PROMPT)
+    return model.prompt_ids(prompt_for(PROMPT))
 
 
 @pytest.fixture(scope="module")
@@ -244,7 +245,7 @@ def test_resume_rejects_a_broken_snapshot(model: OnnxModel, prompt: list[int]) -
 
 
 def test_streamed_text_equals_the_full_decode_with_multibyte_characters(model: OnnxModel) -> None:
-    prompt = model.prompt_ids(NON_ASCII_PROMPT)
+    prompt = model.prompt_ids(prompt_for(NON_ASCII_PROMPT))
     generation = model.generate(
         prompt, SamplingParams(temperature=1.0, seed=7, max_output_tokens=300), should_stop=never
     )
@@ -383,12 +384,14 @@ def test_context_window_limits_output_and_rejects_long_prompts(model_dir: Path, 
     folder = copy_model(model_dir, tmp_path / "short", config=lambda c: c.update(max_position_embeddings=40))
     model = OnnxRuntimeBackend().load(folder, device="cpu")
     assert model.context_length == 40
-    prompt = model.prompt_ids({"input": "Hi"})
+    prompt = model.prompt_ids(prompt_for({"input": "Hi"}))
     generation = model.generate(prompt, SamplingParams(seed=1, max_output_tokens=500), should_stop=never)
     run(generation)
     assert generation.finish_reason == FINISH_LENGTH
     assert generation.output_tokens == 40 - len(prompt)
-    long_prompt = model.prompt_ids({"input": "The old lighthouse keeper climbed the spiral stairs every evening."})
+    long_prompt = model.prompt_ids(
+        prompt_for({"input": "The old lighthouse keeper climbed the spiral stairs every evening."})
+    )
     assert len(long_prompt) >= 40
     with pytest.raises(GenerationError, match="context window"):
         model.generate(long_prompt, SamplingParams(), should_stop=never)
@@ -435,14 +438,14 @@ def test_prompt_uses_the_chat_template_and_its_special_tokens(model: OnnxModel) 
             },
         ],
     }
-    text = model.render_prompt(request)
+    text = model.render_prompt(prompt_for(request))
     assert text == (
         "<|im_start|>system\nBe brief.<|im_end|>\n"
         "<|im_start|>system\nAnswer in German.<|im_end|>\n"
         "<|im_start|>user\nHello, Grüße!<|im_end|>\n"
         "<|im_start|>assistant\n"
     )
-    ids = model.prompt_ids(request)
+    ids = model.prompt_ids(prompt_for(request))
     start, end = model.tokenizer.token_to_id("<|im_start|>"), model.tokenizer.token_to_id("<|im_end|>")
     assert ids.count(start) == 4 and ids.count(end) == 3
     assert ids[0] == start
@@ -456,8 +459,10 @@ def test_prompt_without_template_and_with_a_raising_template(model_dir: Path, tm
     plain = copy_model(model_dir, tmp_path / "plain", tokenizer_config=drop_template)
     (plain / "chat_template.jinja").unlink()
     model = OnnxRuntimeBackend().load(plain, device="cpu")
-    assert model.render_prompt({"instructions": "Sys", "input": "Hi"}) == "system: Sys\nuser: Hi\nassistant:"
-    assert model.tokenizer.decode(model.prompt_ids({"input": "Hi"})) == "user: Hi\nassistant:"
+    assert (
+        model.render_prompt(prompt_for({"instructions": "Sys", "input": "Hi"})) == "system: Sys\nuser: Hi\nassistant:"
+    )
+    assert model.tokenizer.decode(model.prompt_ids(prompt_for({"input": "Hi"}))) == "user: Hi\nassistant:"
 
     strict = copy_model(model_dir, tmp_path / "strict")
     (strict / "chat_template.jinja").write_text(
@@ -466,9 +471,9 @@ def test_prompt_without_template_and_with_a_raising_template(model_dir: Path, tm
         encoding="utf-8",
     )
     model = OnnxRuntimeBackend().load(strict, device="cpu")
-    assert model.render_prompt({"input": "Hi"}) == "<|endoftext|>Hi"
+    assert model.render_prompt(prompt_for({"input": "Hi"})) == "<|endoftext|>Hi"
     with pytest.raises(PromptRejected, match="no system role"):
-        model.prompt_ids({"instructions": "Sys", "input": "Hi"})
+        model.prompt_ids(prompt_for({"instructions": "Sys", "input": "Hi"}))
 
 
 # --------------------------------------------------------------------------- #

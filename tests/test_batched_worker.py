@@ -21,6 +21,7 @@ from tasks_app.states import TaskStatus
 from tests.support.alone import alone_text
 from tests.support.demo import DEMO_MODEL, ENDLESS_MODEL
 from tests.support.lab import Lab
+from tests.support.specs import prompt_for
 from tests.support.waiting import wait_until
 from tests.support.worker import kill_process_group
 from tests.test_recovery import TERMINAL, deltas, events, wait_for_deltas
@@ -101,7 +102,7 @@ def test_an_automatic_batch_runs_what_its_kv_budget_holds_and_leaves_the_rest_qu
     model = OnnxRuntimeBackend().load(lab.models / name / tag, device="cpu")
     try:
         # Each row reserves its prompt and its 300 output tokens: the budget holds two rows, not three.
-        row_bytes = model.kv_bytes_per_position * max(len(model.prompt_ids(body)) + 300 for body in bodies)
+        row_bytes = model.kv_bytes_per_position * max(len(model.prompt_ids(prompt_for(body))) + 300 for body in bodies)
     finally:
         model.close()
     # LMSP_MAX_BATCH left to its default (automatic); two task threads.

@@ -13,6 +13,7 @@ from tasks_app.models import Task, TaskEvent
 from tasks_app.states import TaskStatus
 from tests.support import procs
 from tests.support.db import database_url
+from tests.support.specs import spec_json
 
 TASKS = 240
 TERMINAL_EVENT_FOR = {TaskStatus.SUCCEEDED: "response.completed", TaskStatus.CANCELLED: "response.cancelled"}
@@ -24,7 +25,12 @@ def test_cancel_vs_completion_each_task_ends_once(make_client, demo_model):
     client, _ = make_client()
     ids = []
     for _ in range(TASKS):
-        task = lifecycle.task_insert(client=client, request={"model": "demo", "input": "x"}, model="demo")
+        task = lifecycle.task_insert(
+            client=client,
+            request={"model": "demo", "input": "x"},
+            generation=spec_json({"model": "demo", "input": "x"}),
+            model="demo",
+        )
         lifecycle.task_claim(task_id=task.id, worker=procs.WORKER)
         lifecycle.task_start(task_id=task.id, worker=procs.WORKER, item_id="msg_race")
         ids.append(task.id)

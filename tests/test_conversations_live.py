@@ -17,6 +17,7 @@ from typing import Any
 import openai
 import pytest
 
+from tasks_app.generation.spec import GenerationSpec, Turn
 from tasks_app.models import Response, Task
 from tasks_app.services.conversations import conversation_context
 from tasks_app.states import TaskStatus
@@ -44,17 +45,15 @@ def final(sdk: openai.OpenAI, response_id: str) -> Any:
     return wait_until(probe, what=f"response {response_id} did not end", timeout=120)
 
 
-def turns(context: list[dict[str, Any]]) -> list[tuple[str, str]]:
-    """A stored context as (role, text) pairs, whatever shape each item's content was kept in."""
-
-    def text(content: str | list[dict[str, Any]]) -> str:
-        return content if isinstance(content, str) else "".join(part.get("text", "") for part in content)
-
-    return [(item["role"], text(item["content"])) for item in context]
+def turns(context: list[Turn]) -> list[tuple[str, str]]:
+    """A stored context as (role, text) pairs."""
+    return [(turn.role, turn.text) for turn in context]
 
 
-def context_of(response_id: str) -> list[dict[str, Any]]:
-    return Response.objects.get(pk=response_id).request["context"]
+def context_of(response_id: str) -> list[Turn]:
+    """The turns a response's spec copied from the conversation it continues."""
+    spec = GenerationSpec.from_json(Response.objects.get(pk=response_id).generation)
+    return list(spec.turns[: spec.context_turns])
 
 
 # --------------------------------------------------------------------------- #

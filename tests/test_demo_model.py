@@ -26,6 +26,7 @@ from tokenizers import Tokenizer
 from fixture_models import demo
 from fixture_models.demo import DEMO_SIZES, EOS_HEAD_WEIGHT, SPECIAL_TOKENS, _bytes_to_unicode, build_demo_model
 from tasks_app.models import ModelRecord
+from tests.support.specs import prompt_for
 from tests.support.tasks import create, wait_for_status
 from workers.backends.base import FINISH_EOS, SamplingParams
 from workers.backends.onnx import OnnxGeneration, OnnxModel, OnnxRuntimeBackend
@@ -663,7 +664,7 @@ def answer(model: OnnxModel, text: str, seed: int | None) -> OnnxGeneration:
         if seed is None
         else SamplingParams(temperature=1.0, seed=seed, max_output_tokens=1000)
     )
-    generation = model.generate(model.prompt_ids({"input": text}), params, should_stop=lambda: False)
+    generation = model.generate(model.prompt_ids(prompt_for({"input": text})), params, should_stop=lambda: False)
     for _ in generation:
         pass
     return generation

@@ -22,9 +22,10 @@ from typing import Any
 import pytest
 
 from fixture_models.demo import build_demo_model
-from tasks_app.generation.structured_output import format_grammar
+from tasks_app.generation.structured_output import constraint_grammar
 from tests.support.layouts import CHUNK
 from tests.support.quantized import expected_case
+from tests.support.specs import spec_of
 from tests.test_backend_layouts import MODELS, REFERENCES, case_of
 from workers.backends.base import FINISH_CANCELLED, Chunk, EngineObserver, SamplingParams
 from workers.backends.errors import GenerationError
@@ -570,7 +571,7 @@ def test_rows_sampled_on_several_threads_at_a_real_vocabulary_give_the_tokens_of
     With device picks the greedy row is picked by the step-picks graph and only the other four rows'
     151,936 logits come to the host."""
     assert wide.vocab_size == 151936
-    grammar = format_grammar({"text": {"format": {"type": "json_object"}}})
+    grammar = constraint_grammar(spec_of({"text": {"format": {"type": "json_object"}}}).constraint)
     params = [
         SamplingParams(max_output_tokens=30, temperature=0.7, top_p=0.9, seed=1),
         SamplingParams(max_output_tokens=24, temperature=0),

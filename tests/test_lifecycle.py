@@ -13,6 +13,7 @@ from tasks_app.models import Task, TaskEvent
 from tasks_app.selectors import tasks as selectors
 from tasks_app.states import ResponseStatus, TaskStatus
 from tests.support import moves
+from tests.support.specs import spec_json
 
 S = TaskStatus
 ALL = list(S)
@@ -53,7 +54,12 @@ def new_task(make_client, demo_model):
     client, _ = make_client()
 
     def make(status: TaskStatus = S.QUEUED) -> Task:
-        task = lifecycle.task_insert(client=client, request={"model": "demo", "input": "x"}, model="demo")
+        task = lifecycle.task_insert(
+            client=client,
+            request={"model": "demo", "input": "x"},
+            generation=spec_json({"model": "demo", "input": "x"}),
+            model="demo",
+        )
         for step in PATHS[status]:
             assert move(task.id, step).won
         return Task.objects.select_related("response").get(pk=task.id)

@@ -75,6 +75,7 @@ from tests.support.machine import (
     world_read,
     world_reset,
 )
+from tests.support.specs import spec_json
 
 S = TaskStatus
 R = RestartPolicy
@@ -274,7 +275,12 @@ class LifecycleMachine(RuleBasedStateMachine):
     @rule(policy=st.sampled_from(R), notify=st.booleans())
     def create(self, policy: RestartPolicy, notify: bool) -> None:
         task = lifecycle.task_insert(
-            client=self.client, request=REQUEST, model="demo", on_restart=policy, notify_webhooks=notify
+            client=self.client,
+            request=REQUEST,
+            generation=spec_json(REQUEST),
+            model="demo",
+            on_restart=policy,
+            notify_webhooks=notify,
         )
         name = f"t{len(self.tasks)}"
         self.tasks[name] = Expected(name, task.id, task.response_id, policy, notify)
@@ -765,7 +771,9 @@ def client(queue, settings):
 
 
 def new_task(client, policy: RestartPolicy) -> str:
-    return lifecycle.task_insert(client=client, request=REQUEST, model="demo", on_restart=policy).id
+    return lifecycle.task_insert(
+        client=client, request=REQUEST, generation=spec_json(REQUEST), model="demo", on_restart=policy
+    ).id
 
 
 def started(task_id: str, worker: str, item_id: str, *deltas: str) -> None:

@@ -32,6 +32,7 @@ from tests.support.db import database_url, raw_connection
 from tests.support.demo import ENDLESS_MODEL, ENDLESS_TAG
 from tests.support.namespace import REDIS_PREFIX
 from tests.support.server import uvicorn_process
+from tests.support.specs import spec_json
 from tests.support.sse import call_with_headers
 from tests.support.waiting import wait_until
 from tests.support.worker import celery_worker, kill_process_group, maintenance_queue, process_stopped
@@ -267,7 +268,12 @@ def test_a_worker_frozen_between_commits_past_the_timeout_is_reaped_and_its_late
 
 def _running_task(make_client) -> str:
     client, _ = make_client("alice")
-    task = lifecycle.task_insert(client=client, request={"model": "demo", "input": "x"}, model="demo")
+    task = lifecycle.task_insert(
+        client=client,
+        request={"model": "demo", "input": "x"},
+        generation=spec_json({"model": "demo", "input": "x"}),
+        model="demo",
+    )
     assert lifecycle.task_claim(task_id=task.id, worker=WORKER).won
     assert lifecycle.task_start(task_id=task.id, worker=WORKER, item_id="msg_1").won
     return task.id
@@ -325,7 +331,12 @@ def test_the_reaper_judges_staleness_on_the_clock_heartbeats_are_written_with(ma
 @pytest.mark.django_db(transaction=True)
 def test_cleanup_leaves_what_a_frozen_writer_holds_for_its_next_round(make_client, settings):
     client, _ = make_client("alice")
-    task = lifecycle.task_insert(client=client, request={"model": "demo", "input": "x"}, model="demo")
+    task = lifecycle.task_insert(
+        client=client,
+        request={"model": "demo", "input": "x"},
+        generation=spec_json({"model": "demo", "input": "x"}),
+        model="demo",
+    )
     assert lifecycle.task_cancel_queued(task_id=task.id).won
     old = timezone.now() - timedelta(seconds=settings.LMSP_TASK_RETENTION_SECONDS + 60)
     Task.objects.filter(pk=task.id).update(updated_at=old)

@@ -23,6 +23,7 @@ from tasks_app.models import ModelRecord
 from tests.support.db import database_url
 from tests.support.hf_hub import HubStandIn, hf_hub_stand_in
 from tests.support.server import REPO, free_port
+from tests.support.specs import prompt_for
 from workers.backends import get_backend
 from workers.backends.base import SamplingParams
 
@@ -126,7 +127,7 @@ def sample(folder: Path, graph: str) -> tuple[list[int], list[int]]:
     case = reference_case()
     model = get_backend("onnxruntime").load(folder, graph=graph, device="cpu")
     try:
-        prompt = model.prompt_ids(case["request"])
+        prompt = model.prompt_ids(prompt_for(case["request"]))
         generation = model.generate(prompt, SamplingParams(seed=7, max_output_tokens=8), should_stop=lambda: False)
         return prompt, [step.token_id for step in generation if step.token_id is not None]
     finally:

@@ -10,6 +10,7 @@ from django.db import transaction
 from tasks_app.core import lifecycle
 from tasks_app.plumbing.notify import redis_client, tasks_channel
 from tasks_app.states import TaskStatus
+from tests.support.specs import spec_json
 
 
 @pytest.fixture
@@ -32,7 +33,12 @@ def test_a_committed_move_is_announced_with_its_status_and_sequence(
     transactional_db, make_client, demo_model, subscription
 ):
     client, _ = make_client()
-    task = lifecycle.task_insert(client=client, request={"model": "demo", "input": "x"}, model="demo")
+    task = lifecycle.task_insert(
+        client=client,
+        request={"model": "demo", "input": "x"},
+        generation=spec_json({"model": "demo", "input": "x"}),
+        model="demo",
+    )
 
     lifecycle.task_cancel_queued(task_id=task.id)
 
@@ -41,7 +47,12 @@ def test_a_committed_move_is_announced_with_its_status_and_sequence(
 
 def test_a_rolled_back_move_is_not_announced(transactional_db, make_client, demo_model, subscription):
     client, _ = make_client()
-    task = lifecycle.task_insert(client=client, request={"model": "demo", "input": "x"}, model="demo")
+    task = lifecycle.task_insert(
+        client=client,
+        request={"model": "demo", "input": "x"},
+        generation=spec_json({"model": "demo", "input": "x"}),
+        model="demo",
+    )
 
     with pytest.raises(RuntimeError), transaction.atomic():
         lifecycle.task_cancel_queued(task_id=task.id)
@@ -54,7 +65,12 @@ def test_a_rolled_back_move_is_not_announced(transactional_db, make_client, demo
 
 def test_a_lost_compare_and_set_is_not_announced(transactional_db, make_client, demo_model, subscription):
     client, _ = make_client()
-    task = lifecycle.task_insert(client=client, request={"model": "demo", "input": "x"}, model="demo")
+    task = lifecycle.task_insert(
+        client=client,
+        request={"model": "demo", "input": "x"},
+        generation=spec_json({"model": "demo", "input": "x"}),
+        model="demo",
+    )
     lifecycle.task_cancel_queued(task_id=task.id)
     received(subscription)
 

@@ -31,6 +31,7 @@ from tasks_app.services.retention import retention_cleanup
 from tests.support.db import database_write_locked
 from tests.support.demo import ENDLESS_MODEL
 from tests.support.server import free_port
+from tests.support.specs import spec_json
 from tests.support.sse import open_stream
 from tests.support.tasks import wait_for_status
 from tests.support.waiting import wait_until
@@ -609,7 +610,9 @@ def test_every_answer_is_documented_and_every_documented_answer_happens(
         ModelRecord.objects.filter(pk=demo.pk).update(capabilities=capabilities)
 
     # Conversations (PROFILE.md 10.2) and what the service refuses by name (10.1), on both endpoints.
-    pending = lifecycle.task_insert(client=api.client, request=body["input"], model="demo")
+    pending = lifecycle.task_insert(
+        client=api.client, request=body["input"], generation=spec_json(body["input"]), model="demo"
+    )
     short = {"model": "demo", "input": "Hello", **SHORT}
     for path, envelope in ((responses, lambda r: r), (tasks, lambda r: {"type": "response", "input": r})):
         call.here("POST", path, token=api.token, body=envelope({**short, "previous_response_id": "resp_nope"}))
@@ -700,7 +703,9 @@ def test_every_answer_is_documented_and_every_documented_answer_happens(
 
     # A writer frozen with the database's lock (a stopped process): every write waits its bounded time,
     # answers 503 service_unavailable with Retry-After, and writes nothing.
-    waiting_task = lifecycle.task_insert(client=api.client, request=body["input"], model="demo")
+    waiting_task = lifecycle.task_insert(
+        client=api.client, request=body["input"], generation=spec_json(body["input"]), model="demo"
+    )
     with database_write_locked(), lock_wait(0.2):
         call.here("POST", hooks, token=api.token, body=hook_body)
         call.here("POST", hook_path, url=hook_url, token=api.token, body={"name": "locked"})

@@ -20,6 +20,7 @@ from tasks_app.models import Response, Task
 from tasks_app.selectors import tasks as selectors
 from tasks_app.services.recovery import LiveWorkers, leftover_tasks_recover
 from tasks_app.states import RestartPolicy, TaskStatus
+from tests.support.specs import spec_json
 
 GHOST = "ghost@nowhere/1"
 TOOLS = [{"type": "function", "name": "get_weather", "parameters": {"type": "object"}}]
@@ -30,7 +31,7 @@ def calling(make_client, demo_model, queue):
     """A running task that wrote a message and the first half of a call, as a worker writes them."""
     client, _ = make_client()
     request = {"model": "demo", "input": "Weather?", "tools": TOOLS}
-    task = lifecycle.task_insert(client=client, request=request, model="demo")
+    task = lifecycle.task_insert(client=client, request=request, generation=spec_json(request), model="demo")
     Task.objects.filter(pk=task.id).update(on_restart=RestartPolicy.FAIL)
     assert lifecycle.task_claim(task_id=task.id, worker=GHOST).won
     assert lifecycle.task_start(task_id=task.id, worker=GHOST, item_id=None).won

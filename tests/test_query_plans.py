@@ -35,6 +35,7 @@ from tasks_app.services.retention import retention_cleanup
 from tasks_app.services.tasks import task_accept
 from tasks_app.states import RestartPolicy, TaskStatus
 from tests.support import moves
+from tests.support.specs import spec_json, spec_of
 from tests.support.states import PATHS
 
 S = TaskStatus
@@ -86,7 +87,12 @@ def make_task(make_client, demo_model) -> Callable[..., str]:
     client, _ = make_client()
 
     def make(status: TaskStatus, *, age: int = 0, policy: RestartPolicy = RestartPolicy.FAIL) -> str:
-        task = lifecycle.task_insert(client=client, request={"model": "demo", "input": "x"}, model="demo")
+        task = lifecycle.task_insert(
+            client=client,
+            request={"model": "demo", "input": "x"},
+            generation=spec_json({"model": "demo", "input": "x"}),
+            model="demo",
+        )
         Task.objects.filter(pk=task.id).update(on_restart=policy)
         then = timezone.now() - timedelta(seconds=age)
         for step in PATHS[status]:
@@ -111,10 +117,12 @@ def test_the_queue_limit_counts_only_queued_tasks_through_the_active_index(make_
 
     # Two queued: room for one more, whatever the other tasks are.
     with statements() as captured, transaction.atomic():
-        accepted = task_accept(client=client, request=request, on_restart=RestartPolicy.FAIL).task
+        accepted = task_accept(
+            client=client, request=request, spec=spec_of(request), on_restart=RestartPolicy.FAIL
+        ).task
     assert Task.objects.get(pk=accepted.id).status == S.QUEUED
     with pytest.raises(QueueFull), transaction.atomic():
-        task_accept(client=client, request=request, on_restart=RestartPolicy.FAIL)
+        task_accept(client=client, request=request, spec=spec_of(request), on_restart=RestartPolicy.FAIL)
 
     assert_read_through("task_active", tasks_selects(captured, "SELECT COUNT(*)"))
 

@@ -46,6 +46,7 @@ from tests.support.db import database_url
 from tests.support.namespace import REDIS_PREFIX
 from tests.support.queues import queued_ids
 from tests.support.server import REPO
+from tests.support.specs import spec_json
 from tests.support.waiting import wait_until
 from tests.support.worker import process_stopped
 from workers.shutdown import task_handed_back_log
@@ -67,7 +68,12 @@ def held(make_client, demo_model, queue, settings):
         attempts: int = 1,
         started: bool = True,
     ) -> str:
-        task = lifecycle.task_insert(client=client, request={"model": "demo", "input": "x"}, model="demo")
+        task = lifecycle.task_insert(
+            client=client,
+            request={"model": "demo", "input": "x"},
+            generation=spec_json({"model": "demo", "input": "x"}),
+            model="demo",
+        )
         Task.objects.filter(pk=task.id).update(on_restart=policy)
         if status == S.QUEUED:
             return task.id

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from workers.backends.base import droppable_items, request_messages
+from tests.support.specs import prompt_for
+from workers.backends.base import prompt_messages
 from workers.backends.onnx.chat_template import ChatTemplate, tool_calls_as_text
 
 pytestmark = pytest.mark.database_free
@@ -24,7 +25,7 @@ def test_the_continued_conversation_comes_first_and_instructions_stay_the_new_re
         ],
         "input": "And now?",
     }
-    assert request_messages(request) == [
+    assert prompt_messages(prompt_for(request)) == [
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": "Hi"},
         {"role": "assistant", "content": "Hello!"},
@@ -43,7 +44,7 @@ def test_function_calls_join_the_assistant_message_before_them_and_results_are_t
             {**RESULT, "call_id": "call_2", "output": "rain"},
         ]
     }
-    messages = request_messages(request)
+    messages = prompt_messages(prompt_for(request))
     assert messages[1] == {
         "role": "assistant",
         "content": "Let me look.",
@@ -59,7 +60,7 @@ def test_function_calls_join_the_assistant_message_before_them_and_results_are_t
 
 
 def test_a_call_without_an_assistant_message_before_it_opens_one_and_broken_arguments_stay_text():
-    messages = request_messages({"input": [{**CALL, "arguments": "{not json"}]})
+    messages = prompt_messages(prompt_for({"input": [{**CALL, "arguments": "{not json"}]}))
     assert messages == [
         {
             "role": "assistant",
@@ -75,7 +76,9 @@ def test_a_template_that_reads_no_tool_calls_gets_them_written_into_the_text(tmp
     plain = ChatTemplate(
         "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}", tmp_path / "plain", {}
     )
-    messages = request_messages({"input": [{"type": "message", "role": "user", "content": "Weather?"}, CALL, RESULT]})
+    messages = prompt_messages(
+        prompt_for({"input": [{"type": "message", "role": "user", "content": "Weather?"}, CALL, RESULT]})
+    )
 
     prompt = plain.render(messages)
 
@@ -93,11 +96,12 @@ def test_a_template_that_reads_tool_calls_gets_them_as_they_are(tmp_path: Path):
         tmp_path / "tools",
         {},
     )
-    assert reading.render(request_messages({"input": [CALL]})) == "CALL weather Paris"
+    assert reading.render(prompt_messages(prompt_for({"input": [CALL]}))) == "CALL weather Paris"
 
 
 def test_truncation_may_drop_every_item_but_the_newest():
-    request = {"context": [{"type": "message", "role": "user", "content": "a"}] * 3, "input": "b"}
-    assert droppable_items(request) == 3
-    assert request_messages(request, dropped=3) == [{"role": "user", "content": "b"}]
-    assert droppable_items({"input": "only"}) == 0
+    request = {"context": [{"type": "message", "role": "user", "content": "a"}] * 3, "input": "b", "truncation": "auto"}
+    assert prompt_for(request).droppable == 3
+    assert prompt_messages(prompt_for(request), dropped=3) == [{"role": "user", "content": "b"}]
+    assert prompt_for({"input": "only", "truncation": "auto"}).droppable == 0
+    assert prompt_for({**request, "truncation": "disabled"}).droppable == 0

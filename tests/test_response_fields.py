@@ -323,7 +323,7 @@ def test_stream_sends_the_events_whose_text_is_the_response(api, running_worker,
 # --------------------------------------------------------------------------- #
 
 ABSENT = object()
-# Service bug: OpenAI's response object has the field, and request_surface.response_echo leaves it out.
+# Service bug: OpenAI's response object has the field, and core.response_echo.response_echo leaves it out.
 
 
 def case(fields: dict[str, Any], echo: dict[str, Any], id: str, marks: Any = ()) -> Any:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from tasks_app.services.idempotency import request_digest
 from tasks_app.services.responses import response_start
+from tests.support.specs import spec_of
 
 BODY = {"model": "demo", "input": "Hello", "max_output_tokens": 5}
 
@@ -11,7 +12,7 @@ BODY = {"model": "demo", "input": "Hello", "max_output_tokens": 5}
 def test_a_key_whose_waiter_died_is_answered_once_its_task_ended(api):
     # The first request was accepted, then its web process died while waiting.
     started = response_start(
-        client=api.client, request=BODY, idempotency_key="orphan", request_hash=request_digest(BODY)
+        client=api.client, request=BODY, spec=spec_of(BODY), idempotency_key="orphan", request_hash=request_digest(BODY)
     )
     headers = {"Idempotency-Key": "orphan"}
 

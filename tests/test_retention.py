@@ -34,6 +34,7 @@ from tasks_app.services.webhooks import TaskEnd, webhook_deliveries_enqueue, web
 from tasks_app.states import TaskStatus
 from tests.support import moves
 from tests.support.api import ApiClient
+from tests.support.specs import spec_json
 from tests.support.sse import call, open_stream
 from tests.support.states import PATHS
 
@@ -62,7 +63,12 @@ def make_task(
     client: Client, status: TaskStatus, *, deltas: int = 0, snapshot: bool = False, cancel_from_running: bool = False
 ) -> Task:
     """A task moved to ``status`` by the lifecycle, with ``deltas`` extra events appended while it ran."""
-    task = lifecycle.task_insert(client=client, request={"model": "demo", "input": "x"}, model="demo")
+    task = lifecycle.task_insert(
+        client=client,
+        request={"model": "demo", "input": "x"},
+        generation=spec_json({"model": "demo", "input": "x"}),
+        model="demo",
+    )
     path = PATHS[status]
     if status == S.CANCELLED and cancel_from_running:
         path = [S.LOADING, S.RUNNING, S.CANCELLING, S.CANCELLED]

@@ -23,6 +23,7 @@ from tasks_app.core.lifecycle import ProgressBatch
 from tasks_app.models import Task, TaskEvent, TaskSnapshot
 from tasks_app.states import TaskStatus
 from tests.support.moves import ITEM_ID, WORKER, move
+from tests.support.specs import spec_json
 from tests.support.waiting import wait_until
 from workers.run_loop import RunLoop
 
@@ -37,7 +38,12 @@ def running(make_client, demo_model):
     def make(count: int) -> list[str]:
         ids = []
         for _ in range(count):
-            task = lifecycle.task_insert(client=client, request={"model": "demo", "input": "x"}, model="demo")
+            task = lifecycle.task_insert(
+                client=client,
+                request={"model": "demo", "input": "x"},
+                generation=spec_json({"model": "demo", "input": "x"}),
+                model="demo",
+            )
             assert move(task.id, S.LOADING).won and move(task.id, S.RUNNING).won
             ids.append(task.id)
         return ids

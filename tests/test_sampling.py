@@ -26,6 +26,7 @@ import pytest
 
 from tasks_app.models import Task
 from tests.support.problems import assert_problem
+from tests.support.specs import prompt_for, sampler_values
 from tests.support.tasks import wait_for_status
 from workers.backends.base import SamplingParams
 from workers.backends.errors import GenerationError
@@ -526,7 +527,7 @@ def generated(model: OnnxModel, prompt: list[int], params: SamplingParams) -> li
 
 
 def test_greedy_with_a_penalty_equals_transformers_greedy_loop(model: OnnxModel) -> None:
-    prompt = model.prompt_ids(PROMPT)
+    prompt = model.prompt_ids(prompt_for(PROMPT))
     plain = generated(model, prompt, SamplingParams(temperature=0, max_output_tokens=30))
     penalised = generated(model, prompt, SamplingParams(temperature=0, repetition_penalty=1.3, max_output_tokens=30))
     assert penalised == reference_greedy(model, prompt, 1.3, 30)
@@ -535,7 +536,7 @@ def test_greedy_with_a_penalty_equals_transformers_greedy_loop(model: OnnxModel)
 
 
 def test_the_model_config_sets_the_penalty_and_the_cuts(configured_model: OnnxModel) -> None:
-    prompt = configured_model.prompt_ids(PROMPT)
+    prompt = configured_model.prompt_ids(prompt_for(PROMPT))
     greedy = generated(configured_model, prompt, SamplingParams(temperature=0, max_output_tokens=30))
     assert greedy == reference_greedy(configured_model, prompt, 1.3, 30)
     overridden = SamplingParams(temperature=0, repetition_penalty=1.0, max_output_tokens=30)
@@ -562,7 +563,7 @@ def test_the_model_config_sets_the_penalty_and_the_cuts(configured_model: OnnxMo
     ids=["greedy", "sampled"],
 )
 def test_resume_with_a_penalty_continues_token_for_token(model: OnnxModel, params: SamplingParams) -> None:
-    prompt = model.prompt_ids(PROMPT)
+    prompt = model.prompt_ids(prompt_for(PROMPT))
     whole = generated(model, prompt, params)
     first = model.generate(prompt, params, should_stop=never)
     head = []
@@ -624,8 +625,8 @@ def test_a_worker_samples_with_the_request_fields(api, running_worker, model: On
     texts = {penalty: body["output"][0]["content"][0]["text"] for penalty, body in answers.items()}
     assert texts[None] != texts[1.3]
     local = model.generate(
-        model.prompt_ids(request),
-        SamplingParams.from_request({**request, "repetition_penalty": 1.3}),
+        model.prompt_ids(prompt_for(request)),
+        sampler_values({**request, "repetition_penalty": 1.3}),
         should_stop=never,
     )
     list(local)

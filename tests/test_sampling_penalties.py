@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.support.specs import prompt_for, sampler_values
 from tests.test_engine import Request, alone, fresh_engine, ids_of, run_together, varied
 from tests.test_sampling import PROMPT, never, penalised, plain_pick
 from workers.backends.base import SamplingParams
@@ -160,9 +161,9 @@ def test_a_resumed_sampler_picks_what_the_uninterrupted_one_picks(settings: Samp
 
 
 def test_the_request_sets_the_penalties_and_a_generation_config_cannot() -> None:
-    params = SamplingParams.from_request({"frequency_penalty": 0.5, "presence_penalty": -1.25})
+    params = sampler_values({"frequency_penalty": 0.5, "presence_penalty": -1.25})
     assert (params.frequency_penalty, params.presence_penalty) == (0.5, -1.25)
-    assert SamplingParams.from_request({}).frequency_penalty is None
+    assert sampler_values({}).frequency_penalty is None
     settings = SamplingDefaults().resolve(params)
     assert (settings.frequency_penalty, settings.presence_penalty) == (0.5, -1.25)
     configured = SamplingDefaults.from_generation_config({"frequency_penalty": 1.0, "presence_penalty": 1.0})
@@ -264,7 +265,7 @@ def test_a_batched_row_with_penalties_gives_the_tokens_of_the_request_alone(mode
 def test_a_resumed_generation_with_penalties_continues_token_for_token(
     model: OnnxModel, params: SamplingParams
 ) -> None:
-    prompt = model.prompt_ids(PROMPT)
+    prompt = model.prompt_ids(prompt_for(PROMPT))
     whole = alone(model, prompt, params)
     first = model.generate(prompt, params, should_stop=never)
     head = []

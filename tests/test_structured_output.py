@@ -19,7 +19,8 @@ import jsonschema
 import numpy as np
 import pytest
 
-from tasks_app.generation.structured_output import format_grammar
+from tasks_app.generation.structured_output import constraint_grammar
+from tests.support.specs import prompt_for, spec_of
 from tests.test_backend_layouts import MODELS, REFERENCES
 from tests.test_engine import Request, alone, fresh_engine, ids_of, never, run_together
 from workers.backends.base import FINISH_EOS, SamplingParams
@@ -96,7 +97,7 @@ SAMPLING = {"greedy": {"temperature": 0}, "seeded": {"temperature": 0.9, "top_p"
 
 def grammar_of(schema: dict[str, Any] | None) -> str:
     text_format = {"type": "json_schema", "name": "out", "schema": schema} if schema else {"type": "json_object"}
-    grammar = format_grammar({"text": {"format": text_format}})
+    grammar = constraint_grammar(spec_of({"text": {"format": text_format}}).constraint)
     assert grammar is not None
     return grammar
 
@@ -109,7 +110,7 @@ def demo(demo_models_root: Path) -> Iterator[OnnxModel]:
 
 
 def prompt(model: OnnxModel, text: str = "Describe the weather as JSON.") -> list[int]:
-    return model.prompt_ids({"input": text})
+    return model.prompt_ids(prompt_for({"input": text}))
 
 
 @pytest.mark.parametrize("sampling", SAMPLING)

@@ -292,7 +292,7 @@ class _Model:
 
 
 def test_a_model_can_be_set_to_a_family_its_template_does_not_name(settings):
-    from workers.execution import _tool_format
+    from workers.generation_inputs import tool_format_of as _tool_format
 
     assert _tool_format(_Model(), "mine:q4").name == "generic"
     settings.LMSP_TOOL_FORMATS = {"mine": "llama3_json"}  # a name without a tag covers its tags

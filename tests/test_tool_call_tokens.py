@@ -19,6 +19,7 @@ import pytest
 
 from tasks_app.generation.tool_call_parser import CALL_END, CALL_START, ToolCallParser
 from tasks_app.generation.tool_calls import FORMATS, template_tools, tools_grammar
+from tests.support.specs import prompt_for, spec_of
 from tests.test_backend_layouts import MODELS, REFERENCES
 from workers.backends.base import FINISH_EOS, SamplingParams, ToolPrompt
 from workers.backends.constraints import OutputConstraint
@@ -61,9 +62,11 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OnnxModel]:
 def test_the_marker_token_is_forced_kept_in_the_text_and_read_as_the_call(model: OnnxModel) -> None:
     markers = model.single_token_ids([FMT.start, FMT.end])
     assert markers == {FMT.start: MARKER_ID}  # the end marker is text in this tokenizer
-    grammar = tools_grammar(REQUEST, FMT, token_ids=markers)
+    grammar = tools_grammar(spec_of(REQUEST), FMT, token_ids=markers)
     assert f"<[{MARKER_ID}]>" in grammar
-    prompt = model.prompt_ids(REQUEST, tools=ToolPrompt(tuple(template_tools(REQUEST)), in_system=True))
+    prompt = model.prompt_ids(
+        prompt_for(REQUEST), tools=ToolPrompt(tuple(template_tools(spec_of(REQUEST))), in_system=True)
+    )
     params = SamplingParams(max_output_tokens=200, grammar=grammar, kept_tokens=tuple(markers), temperature=0)
 
     generation = model.generate(prompt, params, should_stop=lambda: False)
@@ -85,9 +88,9 @@ def test_the_marker_token_is_forced_kept_in_the_text_and_read_as_the_call(model:
 def test_without_keeping_it_the_marker_is_left_out_like_any_special_token(model: OnnxModel) -> None:
     markers = model.single_token_ids([FMT.start])
     params = SamplingParams(
-        max_output_tokens=200, grammar=tools_grammar(REQUEST, FMT, token_ids=markers), temperature=0
+        max_output_tokens=200, grammar=tools_grammar(spec_of(REQUEST), FMT, token_ids=markers), temperature=0
     )
-    generation = model.generate(model.prompt_ids(REQUEST), params, should_stop=lambda: False)
+    generation = model.generate(model.prompt_ids(prompt_for(REQUEST)), params, should_stop=lambda: False)
     list(generation)
     assert generation.generated_ids[0] == MARKER_ID
     assert generation.text().startswith("[")
@@ -101,7 +104,7 @@ def test_without_keeping_it_the_marker_is_left_out_like_any_special_token(model:
 def test_a_named_function_is_one_call_whatever_parallel_tool_calls_says(model: OnnxModel, choice, second_call):
     fmt = FORMATS["generic"]
     request = {**REQUEST, "tool_choice": choice, "parallel_tool_calls": True}
-    constraint = OutputConstraint(model.constraint_tokenizer(), tools_grammar(request, fmt, token_ids={}))
+    constraint = OutputConstraint(model.constraint_tokenizer(), tools_grammar(spec_of(request), fmt, token_ids={}))
     call = '<tool_call>{"name": "get_time", "arguments": {"zone":"Asia/Tokyo"}}</tool_call>'
     assert constraint.matcher.consume_tokens(model.tokenizer.encode(call, add_special_tokens=False).ids)
     # After one call, another can start only where more than one is allowed.

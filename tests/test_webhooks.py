@@ -44,6 +44,7 @@ from tasks_app.states import RestartPolicy, TaskStatus
 from tests.support.db import database_url
 from tests.support.namespace import REDIS_PREFIX
 from tests.support.server import free_port, uvicorn_process
+from tests.support.specs import spec_json
 from tests.support.waiting import wait_until
 from tests.support.webhooks import Receiver, deliverer_process, finish_as_worker, receiving, sdk
 from tests.test_query_plans import assert_read_through, statements
@@ -72,7 +73,11 @@ def endpoint_for(client, url: str, event_types=None) -> WebhookEndpoint:
 def ended_task(client, end: str = "cancelled", notify: bool = True) -> Task:
     """A task of ``client`` ended by the lifecycle: cancelled while queued, or failed."""
     task = lifecycle.task_insert(
-        client=client, request={"model": "demo", "input": "hi"}, model="demo", notify_webhooks=notify
+        client=client,
+        request={"model": "demo", "input": "hi"},
+        generation=spec_json({"model": "demo", "input": "hi"}),
+        model="demo",
+        notify_webhooks=notify,
     )
     if end == "cancelled":
         assert lifecycle.task_cancel_queued(task_id=task.id).won
@@ -277,7 +282,11 @@ def test_the_delivery_commits_with_the_tasks_end_and_rolls_back_with_it(make_cli
     client, _ = make_client()
     endpoint_for(client, "https://hooks.example.invalid/x", ["response.cancelled"])
     queued = lifecycle.task_insert(
-        client=client, request={"model": "demo", "input": "hi"}, model="demo", notify_webhooks=True
+        client=client,
+        request={"model": "demo", "input": "hi"},
+        generation=spec_json({"model": "demo", "input": "hi"}),
+        model="demo",
+        notify_webhooks=True,
     )
 
     with pytest.raises(RuntimeError), transaction.atomic():
@@ -307,7 +316,11 @@ def test_the_outbox_costs_one_select_and_one_insert_and_nothing_when_the_task_do
 
     def cancel_cost(notify: bool) -> int:
         task = lifecycle.task_insert(
-            client=client, request={"model": "demo", "input": "h"}, model="demo", notify_webhooks=notify
+            client=client,
+            request={"model": "demo", "input": "h"},
+            generation=spec_json({"model": "demo", "input": "h"}),
+            model="demo",
+            notify_webhooks=notify,
         )
         with statements() as captured:
             assert lifecycle.task_cancel_queued(task_id=task.id).won
@@ -412,7 +425,11 @@ def test_a_task_failed_by_recovery_is_delivered_as_response_failed(make_client, 
     tasks = []
     for owner in (client, quiet):
         task = lifecycle.task_insert(
-            client=owner, request={"model": "demo", "input": "hi"}, model="demo", notify_webhooks=True
+            client=owner,
+            request={"model": "demo", "input": "hi"},
+            generation=spec_json({"model": "demo", "input": "hi"}),
+            model="demo",
+            notify_webhooks=True,
         )
         assert lifecycle.task_claim(task_id=task.id, worker=GHOST).won
         assert lifecycle.task_start(task_id=task.id, worker=GHOST, item_id="msg_x").won

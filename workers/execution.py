@@ -33,7 +33,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import ExitStack
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from django.conf import settings
@@ -55,7 +55,7 @@ from tasks_app.exceptions import (
     ServerRestarted,
     TaskNotFound,
 )
-from tasks_app.generation import structured_output, tool_calls
+from tasks_app.generation.spec import GenerationSpec
 from tasks_app.generation.tool_call_parser import (
     CALL_ARGUMENTS,
     CALL_END,
@@ -73,7 +73,7 @@ from tasks_app.selectors.tasks import (
     StoredSnapshot,
     task_output_items,
     task_output_text,
-    task_run_request,
+    task_run_spec,
     task_snapshot_get,
 )
 from tasks_app.services.dispatch import task_dispatch
@@ -86,12 +86,11 @@ from workers.backends.base import (
     Generation,
     LoadedModel,
     RowStream,
-    SamplingParams,
-    ToolPrompt,
 )
 from workers.backends.errors import ConstraintFailed, ContextTooLong, ModelLoadError, PromptRejected, RuntimeFailure
 from workers.cancel_watcher import cancel_watcher
 from workers.engines import engine_for, engines_full, max_rows
+from workers.generation_inputs import prompt_of, sampling_params_of, tool_format_of, tool_prompt_of
 from workers.model_cache import model_cache
 from workers.run_loop import RunLoop
 from workers.run_metrics import RunMetrics, commit_group_observed
@@ -592,9 +591,10 @@ def _run(
 ) -> str | _Held:
     # The run's reads wait out a database that is away as its commits do (_committed): an outage while a
     # task starts must not fail it, nor leave it to the reaper.
-    model_name, request = _committed(task_run_request, task_id=task_id)
+    spec = _committed(task_run_spec, task_id=task_id)
+    model_name = spec.model
     # Later turns of this conversation that the client echoes back prefer this node (tasks_app.plumbing.affinity).
-    affinity_remember(request=request, worker=worker)
+    affinity_remember(conversation=spec.conversation_key(), worker=worker)
     run = _Run(
         task_id=task_id,
         worker=worker,
@@ -602,7 +602,7 @@ def _run(
         heartbeat=heartbeat,
         metrics=metrics,
         model_name=model_name,
-        calls_tools=_calls_tools(request),
+        calls_tools=spec.calls_tools,
     )
     try:
         model = _model_leased(run, resources)
@@ -611,7 +611,7 @@ def _run(
     except Exception as exc:
         return _load_failure(run, exc, [S.LOADING])
     try:
-        return _generate(run, model, request, cancelled)
+        return _generate(run, model, spec, cancelled)
     except DatabaseGaveUp:
         raise
     except Exception as exc:
@@ -628,7 +628,8 @@ def _resume(
     resources: ExitStack,
 ) -> str | _Held:
     """Continue a task from its snapshot: the same output item, right after its last committed event."""
-    model_name, request = _committed(task_run_request, task_id=task_id)
+    spec = _committed(task_run_spec, task_id=task_id)
+    model_name = spec.model
     stored = _committed(task_snapshot_get, task_id=task_id)
     _, text = _committed(task_output_text, task_id=task_id)
     item_id = stored.last_state.get("item_id") if stored is not None else None
@@ -639,7 +640,7 @@ def _resume(
         heartbeat=heartbeat,
         metrics=metrics,
         model_name=model_name,
-        calls_tools=_calls_tools(request),
+        calls_tools=spec.calls_tools,
     )
     run.committed_text = [text]
     if status == S.CANCELLING:
@@ -655,28 +656,28 @@ def _resume(
         raise
     except Exception as exc:
         return _load_failure(run, exc, [S.RUNNING])
-    fmt = _tool_format(model, model_name)
-    if _calls_tools(request):
+    fmt = tool_format_of(model, model_name)
+    if spec.calls_tools:
         # The parser reads the committed text again (its reading does not depend on the cuts) and the
         # items are the ones the event log shows: both as they were at the last commit.
         text = stored.raw_text
         run.tools = _ToolRun(
-            ToolCallParser(fmt, max_calls=tool_calls.tool_choice_of(request).max_calls),
+            ToolCallParser(fmt, max_calls=spec.tool_choice.max_calls),
             OutputItems(
                 _committed(task_output_items, task_id=task_id),
                 call_id_length=fmt.call_id_length,
-                namespaces=tool_calls.namespaces(request),
+                namespaces=spec.namespaces,
             ),
         )
         run.tools.parser.feed(text)
         run.committed_text = [text]
-    return _resume_generation(run, model, request, stored, text, cancelled)
+    return _resume_generation(run, model, spec, stored, text, cancelled)
 
 
 def _resume_generation(
     run: _Run,
     model: LoadedModel,
-    request: Mapping[str, Any],
+    spec: GenerationSpec,
     stored: StoredSnapshot,
     text: str,
     cancelled: threading.Event,
@@ -688,7 +689,7 @@ def _resume_generation(
             "generated_ids": stored.token_ids,
             "text": text,
         }
-        params = _sampling_params(request, model, run.model_name)
+        params = sampling_params_of(spec, model, run.model_name)
         run.generation = model.resume(backend_state, params, should_stop=faults.slowed(cancelled.is_set))
         logger.info(
             "task %s resumed after %d output tokens, seed %d",
@@ -727,55 +728,19 @@ def _count_constraint_failure(run: _Run, exc: BaseException) -> None:
         run.metrics.constraint_failed(run.output_tokens)
 
 
-def _sampling_params(request: Mapping[str, Any], model: LoadedModel, model_name: str) -> SamplingParams:
-    """What the sampler is asked for, with the grammar of the request's tool choice or output format
-    (rebuilt from the stored request on every run and resume: the grammar is not stored)."""
-    params = SamplingParams.from_request(request)
-    if not tool_calls.function_tools(request):
-        return replace(params, grammar=structured_output.format_grammar(request))
-    fmt = _tool_format(model, model_name)
-    markers = model.single_token_ids(tool_calls.markers_of(fmt))
-    grammar = tool_calls.tools_grammar(request, fmt, token_ids=markers)
-    return replace(params, grammar=grammar, kept_tokens=tuple(markers))
-
-
-def _tool_format(model: LoadedModel, model_name: str) -> tool_calls.ToolFormat:
-    """The model's tool-call family: set for it (``LMSP_TOOL_FORMATS``), else read off its template."""
-    chosen = settings.LMSP_TOOL_FORMATS.get(model_name) or settings.LMSP_TOOL_FORMATS.get(model_name.split(":")[0])
-    if chosen:
-        return tool_calls.tool_format_named(chosen)
-    return tool_calls.tool_format_of_template(model.chat_template_source)
-
-
-def _calls_tools(request: Mapping[str, Any]) -> bool:
-    """The request offers tools and lets the model call them (with ``none`` its output is one message)."""
-    return tool_calls.tool_choice_of(request).mode != tool_calls.NONE
-
-
-def _tool_prompt(request: Mapping[str, Any], model: LoadedModel, model_name: str) -> ToolPrompt | None:
-    shown = tool_calls.template_tools(request)
-    if not shown:
-        return None
-    fmt = _tool_format(model, model_name)
-    if not fmt.template_tools:
-        return ToolPrompt(tuple(shown), instruction=tool_calls.generic_instruction(shown))
-    return ToolPrompt(tuple(shown), in_system=fmt.tools_in_system)
-
-
 def _submit(run: _Run, model: LoadedModel) -> RowStream:
     assert run.generation is not None
     return engine_for(model, worker=run.worker, model_name=run.model_name).submit(run.generation)
 
 
-def _generate(run: _Run, model: LoadedModel, request: Mapping[str, Any], cancelled: threading.Event) -> str | _Held:
-    params = _sampling_params(request, model, run.model_name)
-    prompt_ids = model.prompt_ids(request, tools=_tool_prompt(request, model, run.model_name))
-    if _calls_tools(request):
-        fmt = _tool_format(model, run.model_name)
-        choice = tool_calls.tool_choice_of(request)
+def _generate(run: _Run, model: LoadedModel, spec: GenerationSpec, cancelled: threading.Event) -> str | _Held:
+    params = sampling_params_of(spec, model, run.model_name)
+    prompt_ids = model.prompt_ids(prompt_of(spec), tools=tool_prompt_of(spec, model, run.model_name))
+    if spec.calls_tools:
+        fmt = tool_format_of(model, run.model_name)
         run.tools = _ToolRun(
-            ToolCallParser(fmt, max_calls=choice.max_calls),
-            OutputItems(call_id_length=fmt.call_id_length, namespaces=tool_calls.namespaces(request)),
+            ToolCallParser(fmt, max_calls=spec.tool_choice.max_calls),
+            OutputItems(call_id_length=fmt.call_id_length, namespaces=spec.namespaces),
         )
     run.generation = model.generate(prompt_ids, params, should_stop=faults.slowed(cancelled.is_set))
     # Taken before the engine has the generation; the prefill then overlaps the start's commit.

@@ -23,6 +23,7 @@ from tasks_app.admin.filters import ModelNameFilter
 from tasks_app.admin.record_admins import RESPONSE_BODY_FIELDS
 from tasks_app.exceptions import TaskNotCancelable
 from tasks_app.generation import structured_output, tool_calls
+from tasks_app.generation.spec import GenerationSpec
 from tasks_app.models import Task
 from tasks_app.plumbing.querying import status_in
 from tasks_app.selectors import tasks as selectors
@@ -185,11 +186,14 @@ class TaskAdmin(BoundedCountAdmin, ReadOnlyAdmin):
 
     @admin.display(description="output constraint")
     def output_constraint(self, task: Task) -> str:
-        request = task.response.request
-        if tool_calls.function_tools(request):
+        if task.response.generation is None:
+            return "- (no generation spec)"
+        spec = GenerationSpec.from_json(task.response.generation)
+        constraint = structured_output.constraint_summary(spec.constraint)
+        if spec.tools:
             # The tools' grammar holds the format too (an auto choice's answer is that JSON).
-            return f"{tool_calls.tools_summary(request)}; output format {structured_output.format_summary(request)}"
-        return structured_output.format_summary(request)
+            return f"{tool_calls.tools_summary(spec)}; output format {constraint}"
+        return constraint
 
     error_json = json_column("error", "error")
 

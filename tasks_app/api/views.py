@@ -43,6 +43,7 @@ from tasks_app.api.serializers import (
     stream_cursor,
 )
 from tasks_app.edge.throttles import PairThrottle
+from tasks_app.openai.responses.translate import accepted_spec
 from tasks_app.selectors import tasks as selectors
 from tasks_app.services.capabilities import capabilities_describe
 from tasks_app.services.clients import pairing_code_redeem
@@ -119,9 +120,12 @@ class TaskCollectionView(ScopedAPIView):
         with in_envelope("input", only=exc.UnsupportedParameter):
             # What the request inside refuses by name is named by its path in this body.
             data = _validated(TaskCreateInputSerializer, request.data)
+        with in_envelope("input"):
+            spec = accepted_spec(data["input"])
         reply = task_create(
             client=request.user,
             request=data["input"],
+            spec=spec,
             on_restart=data["on_restart"],
             idempotency_key=key,
             request_hash=request_digest(request.data) if key is not None else None,
@@ -236,6 +240,7 @@ class ResponseCreateView(ScopedAPIView):
         started = response_start(
             client=request.user,
             request=data,
+            spec=accepted_spec(data),
             idempotency_key=key,
             request_hash=request_digest(request.data) if key is not None else None,
             stream=bool(data.get("stream")),

@@ -332,12 +332,16 @@ def task_insert(
     *,
     client: Client,
     request: Mapping[str, Any],
+    generation: Mapping[str, Any],
     model: str,
     on_restart: RestartPolicy = RestartPolicy.FAIL,
     metadata: Mapping[str, str] | None = None,
     notify_webhooks: bool = False,
 ) -> Task:
     """Create a queued task, its response and event 0 (``response.created``).
+
+    ``request`` is kept as the client sent it (its echo, its replay);
+    ``generation`` is the generation spec translated from it, all a worker reads.
 
     Runs in the caller's transaction when there is one, so that the caller can
     commit the idempotency record with it. ``notify_webhooks``: the task's end
@@ -354,6 +358,7 @@ def task_insert(
             model=model,
             status=ResponseStatus.QUEUED,
             request=dict(request),
+            generation=dict(generation),
             metadata=dict(metadata or {}),
             created_at=now,
             updated_at=now,

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from tasks_app.core.response_echo import response_echo
 from tasks_app.generation.sampling_in_force import sampling_in_force
-from tasks_app.openai.surface import response_echo
 from tasks_app.states import ResponseStatus, TaskStatus
 
 if TYPE_CHECKING:

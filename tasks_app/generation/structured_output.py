@@ -1,11 +1,12 @@
-"""Structured output (PROFILE.md 10.5): the one place that translates an output format into a grammar.
+"""Structured output (PROFILE.md 10.5): the one place that translates an output constraint into a grammar.
 
 A Responses request asks with ``text.format``, a chat request with
-``response_format`` (translated here into ``text.format``, the shape a task
-stores). ``{"type": "text"}`` asks for nothing; ``json_object`` for any JSON
+``response_format``: their adapter (``tasks_app.openai.text_format``) reads
+either into the generation spec's :class:`~tasks_app.generation.spec.Constraint`.
+``{"type": "text"}`` asks for nothing; ``json_object`` for any JSON
 object; ``json_schema`` for JSON that its ``schema`` accepts. Both JSON
 formats are enforced by constrained decoding: the worker turns the stored
-format into an llguidance grammar (:func:`format_grammar`) and every token
+constraint into an llguidance grammar (:func:`constraint_grammar`) and every token
 the model samples is one that grammar allows (``workers.backends.constraints``).
 So a ``completed`` answer parses and validates; one cut by the token limit
 is ``incomplete``. ``strict: false`` is enforced all the same: a client that
@@ -14,7 +15,7 @@ asks for a schema gets it.
 A schema the grammar engine cannot compile (an unknown ``format``, a keyword
 it does not implement, a broken pattern, a ``$ref`` to nowhere) is a ``400``
 naming the schema and the engine's reason, before anything is queued
-(:func:`format_check`), never a task that fails later or runs unconstrained.
+(``tasks_app.openai.text_format``), never a task that fails later or runs unconstrained.
 The JSON is compact (no whitespace between tokens): a model cannot spend its
 token budget on spaces, and the text is the same JSON an SDK's parser reads.
 
@@ -33,21 +34,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from tasks_app.exceptions import InvalidRequest, UnsupportedParameter
-
-TEXT = "text"
-JSON_OBJECT = "json_object"
-JSON_SCHEMA = "json_schema"
-STRUCTURED = (JSON_OBJECT, JSON_SCHEMA)
+from tasks_app.generation.spec import JSON_SCHEMA, Constraint
 
 # Compact JSON, whatever the schema's own "x-guidance" says: see the module docstring.
 COMPILE_OPTIONS: dict[str, Any] = {"whitespace_flexible": False}
 _ANY_OBJECT = {"type": "object"}
-
-
-def text_format_of(request: Mapping[str, Any]) -> Mapping[str, Any]:
-    """The output format a stored request asks for (``{"type": "text"}`` when it names none)."""
-    return (request.get("text") or {}).get("format") or {"type": TEXT}
 
 
 def _matcher() -> Any:
@@ -104,53 +95,17 @@ def grammar_schema(schema: Mapping[str, Any]) -> dict[str, Any]:
     return {**closed, "x-guidance": {**(closed.get("x-guidance") or {}), **COMPILE_OPTIONS}}
 
 
-def _schema_grammar(text_format: Mapping[str, Any]) -> str:
-    schema = text_format.get("schema") if text_format["type"] == JSON_SCHEMA else _ANY_OBJECT
-    return _matcher().grammar_from_json_schema(grammar_schema(schema), overrides=COMPILE_OPTIONS)
-
-
-def format_grammar(request: Mapping[str, Any]) -> str | None:
-    """The llguidance grammar the output of ``request`` must follow; None for plain text.
+def constraint_grammar(constraint: Constraint | None) -> str | None:
+    """The llguidance grammar an output under ``constraint`` must follow; None for free text.
 
     Called by the worker for every run and every resume of a task, so a task
-    keeps the grammar its stored request describes (the format was checked
-    when it was accepted).
+    keeps the grammar its stored spec describes (the schema was checked when
+    the request was accepted).
     """
-    text_format = text_format_of(request)
-    if text_format.get("type", TEXT) not in STRUCTURED:
+    if constraint is None:
         return None
-    return _schema_grammar(text_format)
-
-
-def format_check(request: Mapping[str, Any], *, param: str = "text.format") -> None:
-    """Refuse a structured format that cannot be enforced, naming the field (``param`` is where the format
-    sits in the request the client sent: ``text.format``, or ``response_format`` for a chat request)."""
-    text_format = text_format_of(request)
-    kind = text_format.get("type", TEXT)
-    if kind not in STRUCTURED:
-        return
-    schema_param = f"{param}.schema" if param == "text.format" else f"{param}.json_schema.schema"
-    if kind == JSON_SCHEMA:
-        if not text_format.get("name"):
-            name_param = f"{param}.name" if param == "text.format" else f"{param}.json_schema.name"
-            raise InvalidRequest(
-                "a json_schema format needs a name", errors=[{"field": name_param, "message": "required"}]
-            )
-        if not isinstance(text_format.get("schema"), Mapping):
-            raise InvalidRequest(
-                "a json_schema format needs a schema (a JSON Schema object)",
-                errors=[{"field": schema_param, "message": "required"}],
-            )
-    if request.get("stop"):
-        raise UnsupportedParameter(
-            f"stop: a stop string would cut the JSON a structured format asks for; send no stop with {param} {kind}",
-            param="stop",
-        )
-    problem = schema_problem(text_format.get("schema") if kind == JSON_SCHEMA else _ANY_OBJECT)
-    if problem:
-        raise InvalidRequest(
-            f"the schema cannot be enforced: {problem}", errors=[{"field": schema_param, "message": problem}]
-        )
+    schema = constraint.schema if constraint.kind == JSON_SCHEMA else _ANY_OBJECT
+    return _matcher().grammar_from_json_schema(grammar_schema(schema or _ANY_OBJECT), overrides=COMPILE_OPTIONS)
 
 
 def schema_problem(schema: Any) -> str | None:
@@ -164,31 +119,17 @@ def schema_problem(schema: Any) -> str | None:
     return _one_line(problem) if problem else None
 
 
-def format_summary(request: Mapping[str, Any]) -> str:
+def constraint_summary(constraint: Constraint | None) -> str:
     """The constraint a task's output runs under, in a few words (the admin's task page)."""
-    text_format = text_format_of(request)
-    kind = text_format.get("type", TEXT)
-    if kind == JSON_OBJECT:
-        return "json_object: any JSON object, enforced by a grammar"
-    if kind == JSON_SCHEMA:
-        strict = " (strict)" if text_format.get("strict") else ""
-        return f"json_schema {text_format.get('name')!r}{strict}: JSON its schema accepts, enforced by a grammar"
-    return "none: free text"
+    if constraint is None:
+        return "none: free text"
+    if constraint.kind == JSON_SCHEMA:
+        strict = " (strict)" if constraint.strict else ""
+        return f"json_schema {constraint.name!r}{strict}: JSON its schema accepts, enforced by a grammar"
+    return "json_object: any JSON object, enforced by a grammar"
 
 
 def _one_line(problem: str) -> str:
     """The engine's reason on one line: a regex error spans several, with a caret line under the pattern."""
     lines = [line.strip() for line in problem.strip().splitlines()]
     return " ".join(line for line in lines if line and set(line) != {"^"})[:300]
-
-
-def chat_response_format_as_text_format(response_format: Mapping[str, Any] | None) -> dict[str, Any] | None:
-    """A chat request's ``response_format`` as the ``text.format`` of the response request it runs as."""
-    if not response_format:
-        return None
-    kind = response_format.get("type", TEXT)
-    if kind != JSON_SCHEMA:
-        return {"type": kind}
-    nested = response_format.get("json_schema") or {}
-    kept = ("name", "schema", "strict", "description")
-    return {"type": JSON_SCHEMA, **{key: nested[key] for key in kept if key in nested}}

@@ -1,5 +1,6 @@
-"""Function tools (PROFILE.md 10.4): the one place that translates between the tools a client offers and
-what a model reads and writes.
+"""Function tools (PROFILE.md 10.4): the one place that translates between a spec's tools and what a model
+reads and writes (a request's own ``tools`` and ``tool_choice`` are read and checked by its protocol's
+adapter, ``tasks_app.openai.tools``, into the generation spec).
 
 A request's ``tools`` reach the model through its own chat template (Hugging
 Face's ``tools`` argument), and its calls come back as text in its family's
@@ -37,13 +38,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tasks_app.exceptions import InvalidRequest
 from tasks_app.generation import structured_output
+from tasks_app.generation.spec import CHOICE_NONE, CHOICE_REQUIRED, JSON_SCHEMA, Constraint, GenerationSpec, Tool
 
-NONE = "none"
-AUTO = "auto"
-REQUIRED = "required"
-NAMESPACE = "namespace"
+# A function's name: what a call may name, and what a request may offer (its adapter checks it).
 NAME_RE = re.compile(r"^[a-zA-Z0-9_-]{1,64}\Z")
 _ANY_OBJECT: dict[str, Any] = {"type": "object"}
 
@@ -125,197 +123,33 @@ def tool_format_named(name: str) -> ToolFormat:
 
 
 # --------------------------------------------------------------------------- #
-# The request: which tools, which choice
-# --------------------------------------------------------------------------- #
-
-
-@dataclass(frozen=True)
-class ToolChoice:
-    """What a request's ``tool_choice`` and ``parallel_tool_calls`` ask, resolved against its tools."""
-
-    mode: str
-    """``none``, ``auto`` or ``required``."""
-    tools: tuple[Mapping[str, Any], ...]
-    """The tools a call may name (all offered, or those ``allowed_tools`` or a named choice leave)."""
-    parallel: bool
-
-    @property
-    def max_calls(self) -> int | None:
-        return None if self.parallel else 1
-
-
-def _offered(request: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any], str | None]]:
-    """Each function the request offers: its path in ``tools``, the tool, and the namespace it is in.
-
-    A ``namespace`` tool only groups functions: each is offered to the model
-    under its own name (names are unique across the request, so a call's
-    name alone says which function it is), and its call's item names the
-    ``namespace`` beside the ``name``, as OpenAI's does (Codex CLI dispatches
-    by the pair).
-    Hosted tools are not offered: the model chooses among what runs here, as
-    if it chose not to call the others.
-    """
-    offered = []
-    for index, tool in enumerate(request.get("tools") or ()):
-        kind = tool.get("type", "function")
-        if kind == "function":
-            offered.append((f"tools[{index}]", tool, None))
-        elif kind == NAMESPACE:
-            offered += [
-                (f"tools[{index}].tools[{inner}]", function, tool.get("name"))
-                for inner, function in enumerate(tool.get("tools") or ())
-                if function.get("type", "function") == "function"
-            ]
-    return offered
-
-
-def function_tools(request: Mapping[str, Any]) -> list[Mapping[str, Any]]:
-    """The stored request's function tools (``{"type": "function", "name", ...}``), a namespace's included."""
-    return [tool for _, tool, _ in _offered(request)]
-
-
-def namespaces(request: Mapping[str, Any]) -> dict[str, str]:
-    """The namespace of each offered function that is in one, by the function's name."""
-    return {tool["name"]: namespace for _, tool, namespace in _offered(request) if namespace}
-
-
-def hosted_tools(request: Mapping[str, Any]) -> list[Mapping[str, Any]]:
-    """The tools of types this service does not run (offered by default by agents; never shown to the model)."""
-    return [tool for tool in request.get("tools") or () if tool.get("type", "function") not in ("function", NAMESPACE)]
-
-
-def _choice_name(choice: Mapping[str, Any]) -> str | None:
-    # Responses: {"type": "function", "name"}; Chat: {"type": "function", "function": {"name"}}.
-    return choice.get("name") or (choice.get("function") or {}).get("name")
-
-
-def tool_choice_of(request: Mapping[str, Any]) -> ToolChoice:
-    """The choice a stored (checked) request makes; ``none`` when it offers no tools."""
-    tools = function_tools(request)
-    parallel = request.get("parallel_tool_calls", True) is not False
-    choice = request.get("tool_choice") or AUTO
-    if not tools:
-        return ToolChoice(NONE, (), parallel)
-    if isinstance(choice, str):
-        return ToolChoice(choice, tuple(tools), parallel)
-    if choice.get("type") == "allowed_tools":
-        names = {_choice_name(tool) for tool in choice.get("tools") or ()}
-        return ToolChoice(choice.get("mode", AUTO), tuple(t for t in tools if t["name"] in names), parallel)
-    name = _choice_name(choice)
-    # A named function is one call of it (as OpenAI and vLLM force it), whatever parallel_tool_calls says.
-    return ToolChoice(REQUIRED, tuple(t for t in tools if t["name"] == name), parallel=False)
-
-
-def tools_check(request: Mapping[str, Any], *, chat: bool = False) -> None:
-    """Refuse, naming the field, tools and choices that cannot be enforced (before anything is queued).
-
-    Names must be unique and OpenAI-shaped (a namespace's functions among
-    all the others: the model calls them by name); every tool's
-    ``parameters`` must compile to a grammar (a call's arguments are
-    constrained by it); a named or allowed tool must be one the request
-    offers; a choice that requires a call needs a function to call (a hosted
-    tool offered beside it is never called here).
-    """
-    offered = _offered(request)
-    choice = request.get("tool_choice")
-    choice_param = "tool_choice"
-    where = ".function" if chat else ""
-    if not offered:
-        if choice in (None, NONE, AUTO):
-            return
-        if hosted_tools(request):
-            raise InvalidRequest(
-                "tool_choice asks for a tool call, but the request offers only hosted tools, which do not run here",
-                errors=[{"field": choice_param, "message": "requires tools that run here (hosted tools do not)"}],
-            )
-        raise InvalidRequest(
-            "tool_choice asks for a tool call, but the request has no tools",
-            errors=[{"field": choice_param, "message": "requires tools"}],
-        )
-    seen: set[str] = set()
-    for path, tool, _ in offered:
-        name = tool.get("name") or ""
-        field = f"{path}{where}.name"
-        if not NAME_RE.match(name):
-            raise InvalidRequest(
-                f"tool name {name!r} must be 1-64 letters, digits, _ or -",
-                errors=[{"field": field, "message": "letters, digits, _ and -, at most 64"}],
-            )
-        if name in seen:
-            raise InvalidRequest(
-                f"two tools are named {name!r} (a namespace's functions are called by their own names)",
-                errors=[{"field": field, "message": "tool names must be unique"}],
-            )
-        seen.add(name)
-        _parameters_check(tool, f"{path}{where}.parameters")
-    if isinstance(choice, Mapping):
-        _named_choice_check(choice, seen)
-
-
-def _named_choice_check(choice: Mapping[str, Any], offered: set[str]) -> None:
-    """A named function or ``allowed_tools`` names only functions the request offers."""
-    allowed = choice.get("type") == "allowed_tools"
-    for tool in choice.get("tools") or () if allowed else ():
-        kind = tool.get("type") if isinstance(tool, Mapping) else None
-        if kind not in (None, "function", NAMESPACE):
-            raise InvalidRequest(
-                f"tool_choice allows {kind!r}, a hosted tool, which does not run here",
-                errors=[{"field": "tool_choice", "message": f"no tool named {kind!r} runs here (a hosted tool)"}],
-            )
-    wanted = [_choice_name(tool) for tool in choice.get("tools") or ()] if allowed else [_choice_name(choice)]
-    for name in wanted:
-        if name not in offered:
-            raise InvalidRequest(
-                f"tool_choice names {name!r}, which is not among the request's tools",
-                errors=[{"field": "tool_choice", "message": f"no tool named {name!r}"}],
-            )
-    if allowed and not wanted and choice.get("mode") == REQUIRED:
-        raise InvalidRequest(
-            "tool_choice allowed_tools requires a call but allows no tool",
-            errors=[{"field": "tool_choice", "message": "allows no tool"}],
-        )
-
-
-def _parameters_check(tool: Mapping[str, Any], field: str) -> None:
-    parameters = tool.get("parameters")
-    if parameters is None:
-        return
-    problem = structured_output.schema_problem(parameters)
-    if problem:
-        raise InvalidRequest(
-            f"the parameters of tool {tool.get('name')!r} cannot be enforced: {problem}",
-            errors=[{"field": field, "message": problem}],
-        )
-
-
-def tools_summary(request: Mapping[str, Any]) -> str:
-    """The tools and the choice a task runs under, in a few words (the admin's task page)."""
-    choice = tool_choice_of(request)
-    if not function_tools(request):
-        return "none"
-    names = ", ".join(tool["name"] for tool in choice.tools) or "none"
-    parallel = "" if choice.parallel else ", one call at most"
-    return f"tool_choice {choice.mode} over {names}{parallel}: calls enforced by a grammar"
-
-
-# --------------------------------------------------------------------------- #
 # The prompt: tools as the template takes them
 # --------------------------------------------------------------------------- #
 
 
-def template_tools(request: Mapping[str, Any]) -> list[dict[str, Any]]:
+def template_tools(spec: GenerationSpec) -> list[dict[str, Any]]:
     """The offered tools in Hugging Face's shape (``{"type": "function", "function": {...}}``).
 
-    All offered tools are shown (as OpenAI shows them); ``tool_choice`` narrows what may be called.
+    All offered tools are shown (as OpenAI shows them); the tool choice narrows what may be called.
     """
     shown = []
-    for tool in function_tools(request):
-        function: dict[str, Any] = {"name": tool["name"]}
-        if tool.get("description"):
-            function["description"] = tool["description"]
-        function["parameters"] = tool.get("parameters") or {"type": "object", "properties": {}}
+    for tool in spec.tools:
+        function: dict[str, Any] = {"name": tool.name}
+        if tool.description:
+            function["description"] = tool.description
+        function["parameters"] = tool.parameters or {"type": "object", "properties": {}}
         shown.append({"type": "function", "function": function})
     return shown
+
+
+def tools_summary(spec: GenerationSpec) -> str:
+    """The tools and the choice a task runs under, in a few words (the admin's task page)."""
+    if not spec.tools:
+        return "none"
+    choice = spec.tool_choice
+    names = ", ".join(tool.name for tool in spec.callable_tools) or "none"
+    parallel = "" if choice.parallel else ", one call at most"
+    return f"tool_choice {choice.mode} over {names}{parallel}: calls enforced by a grammar"
 
 
 def generic_instruction(tools: Sequence[Mapping[str, Any]]) -> str:
@@ -347,29 +181,29 @@ def _marker(text: str, token_ids: Mapping[str, int]) -> str:
     return f"<[{token}]>" if token is not None else _lark_string(text)
 
 
-def _call_rule(fmt: ToolFormat, tool: Mapping[str, Any], token_ids: Mapping[str, int]) -> str:
+def _call_rule(fmt: ToolFormat, tool: Tool, token_ids: Mapping[str, int]) -> str:
     """One call of ``tool`` as the family writes it (a JSON object, or the name, a marker and the arguments),
     arguments by its schema (strict or not: a client that gives a schema gets it); compact, as structured
     output is."""
-    arguments = f"%json {json.dumps(_compact(tool.get('parameters') or _ANY_OBJECT), ensure_ascii=False)}"
+    arguments = f"%json {json.dumps(_compact(tool.parameters or _ANY_OBJECT), ensure_ascii=False)}"
     if fmt.args_marker:
-        return f"{_lark_string(tool['name'])} {_marker(fmt.args_marker, token_ids)} {arguments}"
-    head = _lark_string('{"name": ' + json.dumps(tool["name"]) + f', "{fmt.arguments_key}": ')
+        return f"{_lark_string(tool.name)} {_marker(fmt.args_marker, token_ids)} {arguments}"
+    head = _lark_string('{"name": ' + json.dumps(tool.name) + f', "{fmt.arguments_key}": ')
     return f'{head} {arguments} "}}"'
 
 
-def tools_grammar(request: Mapping[str, Any], fmt: ToolFormat, *, token_ids: Mapping[str, int]) -> str | None:
-    """The llguidance grammar that enforces the request's ``tool_choice`` in ``fmt``; None without tools.
+def tools_grammar(spec: GenerationSpec, fmt: ToolFormat, *, token_ids: Mapping[str, int]) -> str | None:
+    """The llguidance grammar that enforces the spec's tool choice in ``fmt``; None without tools.
 
     ``token_ids`` maps a marker's text to its token id where the model has it
-    as one token. With ``text.format`` JSON, the answer an ``auto`` or
-    ``none`` choice allows instead of calls is that JSON.
+    as one token. With a JSON constraint, the answer an ``auto`` or ``none``
+    choice allows instead of calls is that JSON.
     """
-    if not function_tools(request):
+    if not spec.tools:
         return None
-    choice = tool_choice_of(request)
-    text_format = structured_output.text_format_of(request)
-    structured = text_format.get("type") in structured_output.STRUCTURED
+    choice = spec.tool_choice
+    callable_tools = spec.callable_tools
+    structured = spec.constraint is not None
     special = fmt.start in token_ids
     start = _marker(fmt.start, token_ids)
     end = _marker(fmt.end, token_ids)
@@ -393,18 +227,19 @@ def tools_grammar(request: Mapping[str, Any], fmt: ToolFormat, *, token_ids: Map
         separator = _lark_string(fmt.separator) if fmt.separator else ""
         again = f" ({separator} {start} {one})*" if many else ""
     lines = ["%llguidance {}"]
-    alternatives = " | ".join(f"call_{i}" for i in range(len(choice.tools)))
-    if choice.tools:
+    alternatives = " | ".join(f"call_{i}" for i in range(len(callable_tools)))
+    if callable_tools:
         lines.append(f"call: {alternatives}")
-        lines += [f"call_{i}: {_call_rule(fmt, tool, token_ids)}" for i, tool in enumerate(choice.tools)]
+        lines += [f"call_{i}: {_call_rule(fmt, tool, token_ids)}" for i, tool in enumerate(callable_tools)]
     lines.append(f"calls_rest: {rest}{again}")
     no_marker = f"/(.|\\n)*/ & ~/(.|\\n)*{_regex_text(fmt.start)}(.|\\n)*/"
     if structured:
-        lines.append(f"answer: %json {json.dumps(_answer_schema(text_format), ensure_ascii=False)}")
-    if choice.mode == REQUIRED:
+        assert spec.constraint is not None
+        lines.append(f"answer: %json {json.dumps(_answer_schema(spec.constraint), ensure_ascii=False)}")
+    if choice.mode == CHOICE_REQUIRED:
         # Llama 3's template asks for the bare JSON object: that is what a required call is.
         lines.insert(1, "start: call" if fmt.bare_json else f"start: {start} calls_rest")
-    elif choice.mode == NONE or not choice.tools:
+    elif choice.mode == CHOICE_NONE or not callable_tools:
         lines.insert(1, "start: answer" if structured else "start: TEXT")
         lines.append(f"TEXT: {no_marker}")
     elif structured:
@@ -426,9 +261,9 @@ def _regex_text(text: str) -> str:
     return re.escape(text).replace("/", "\\/")
 
 
-def _answer_schema(text_format: Mapping[str, Any]) -> Mapping[str, Any]:
-    if text_format.get("type") == structured_output.JSON_SCHEMA:
-        return _compact(text_format.get("schema") or _ANY_OBJECT)
+def _answer_schema(constraint: Constraint) -> Mapping[str, Any]:
+    if constraint.kind == JSON_SCHEMA:
+        return _compact(constraint.schema or _ANY_OBJECT)
     return _compact(_ANY_OBJECT)
 
 

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from tasks_app.exceptions import UnsupportedParameter
-from tasks_app.generation import structured_output, tool_calls
+from tasks_app.openai import text_format, tools
 
 # Input item types and content part types: what the chat template can carry, and OpenAI's others.
 SUPPORTED_ITEM_TYPES = ("message", "function_call", "function_call_output", "reasoning")
@@ -117,9 +117,9 @@ def tool_type_check(tool: Any) -> None:
 
 def response_request_check(request: Mapping[str, Any]) -> None:
     """Refuse, by name, what a validated Responses request asks for and this service cannot do."""
-    tool_calls.tools_check(request)
+    tools.tools_check(request)
     _text_check(request.get("text") or {})
-    structured_output.format_check(request)
+    text_format.format_check(request)
     for index, value in enumerate(request.get("include") or ()):
         if value not in ACCEPTED_INCLUDES:
             raise _refuse(f"include[{index}]", f"{value!r} asks for output this service does not produce")
@@ -143,47 +143,3 @@ def _options_check(request: Mapping[str, Any]) -> None:
         raise _refuse("background_options.completion_window", "every task runs as soon as a worker is free")
     if (request.get("image") or {}).get("context_compression") == "enabled":
         raise _refuse("image.context_compression", "image input is not supported")
-
-
-def response_echo(request: Mapping[str, Any]) -> dict[str, Any]:
-    """The accepted fields as the response object shows them, OpenAI's defaults where the request left them.
-
-    Function tools as normalized: both published schemas require ``description``, ``parameters`` and
-    ``strict``; the arguments are held to the schema whatever ``strict`` says (``tool_calls``), so strict is
-    what is in force. A null the schemas refuse (``user``, ``prompt_cache_options``) is left out instead.
-    """
-    text = dict(request.get("text") or {})
-    text.setdefault("format", {"type": "text"})
-    text.setdefault("verbosity", "medium")
-    if isinstance(text["format"], Mapping) and text["format"].get("type") == "json_schema":
-        # Open Responses requires a description and a boolean strict, where OpenAI takes a string or nothing:
-        # "" is the description the model was given; constrained decoding enforces the schema either way.
-        given = text["format"]
-        text["format"] = {
-            **given,
-            "description": given.get("description") or "",
-            "strict": given.get("strict") is not False,
-        }
-    return {
-        "previous_response_id": request.get("previous_response_id"),
-        "tools": [
-            {"description": None, "parameters": None, **tool, "strict": tool.get("strict") is not False}
-            if isinstance(tool, Mapping) and tool.get("type") == FUNCTION_TOOL
-            else tool
-            for tool in request.get("tools") or []
-        ],
-        "tool_choice": request.get("tool_choice") or "auto",
-        "parallel_tool_calls": request.get("parallel_tool_calls", True) is not False,
-        "max_tool_calls": request.get("max_tool_calls"),
-        "text": text,
-        "truncation": request.get("truncation") or "disabled",
-        "top_logprobs": request.get("top_logprobs") or 0,
-        "reasoning": request.get("reasoning") or {"effort": None, "summary": None},
-        "service_tier": request.get("service_tier") or "default",
-        "store": request.get("store", True) is not False,
-        "safety_identifier": request.get("safety_identifier"),
-        "prompt_cache_key": request.get("prompt_cache_key"),
-        "prompt_cache_retention": request.get("prompt_cache_retention"),
-        "image": request.get("image"),
-        **{key: request[key] for key in ("user", "prompt_cache_options") if request.get(key) is not None},
-    }

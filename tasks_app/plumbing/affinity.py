@@ -16,14 +16,14 @@ A conversation the client echoes back (no ``previous_response_id``) is
 known by its ``prompt_cache_key`` when it sends one (OpenAI's routing hint
 for its prompt cache; Codex CLI sends its session id, so every turn of a
 session and ``codex exec resume`` name it alike), else by its beginning:
-``conversation_key`` hashes what a prompt starts with (model,
-instructions, tools, the first input item), which every turn of one
+``GenerationSpec.conversation_key`` hashes what a prompt starts with (model,
+system text, tools, the first turn), which every turn of one
 conversation repeats. A worker that starts a task records its node
 under that key (``affinity_remember``, an hour's TTL), and a later request
 with the same beginning that carries turns before its own
-(``continues_conversation``) prefers that node, on the same terms; a first
+(``GenerationSpec.continues_conversation``) prefers that node, on the same terms; a first
 turn goes to the shared queue. The web
-never tokenizes: the key is over the request's items, not its tokens.
+never tokenizes: the key is over the request's turns, not its tokens.
 
 Nothing here decides who runs a task: the message is a hint as every run
 message is, and the claim's compare-and-set in the database decides. A
@@ -35,11 +35,7 @@ second message is dropped by whichever claim loses.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
-from collections.abc import Mapping
-from typing import Any
 
 import redis
 from django.conf import settings
@@ -89,57 +85,13 @@ def affinity_withdraw(*, node: str) -> None:
         pass
 
 
-def conversation_key(request: Mapping[str, Any]) -> str:
-    """What every turn of a conversation begins with, hashed ("" when it begins with nothing to key); a
-    ``prompt_cache_key`` names the conversation itself (with the model: a key is the client's own word)."""
-    cache_key = request.get("prompt_cache_key")
-    if cache_key:
-        digest = hashlib.sha256(json.dumps(["prompt_cache_key", request.get("model"), cache_key]).encode())
-        return digest.hexdigest()[:32]
-    context = request.get("context") or []
-    given = request.get("input")
-    first = context[0] if context else (given if isinstance(given, str) else (given or [None])[0])
-    if first is None:
-        return ""
-    start = [request.get("model"), request.get("instructions"), request.get("tools"), _item_start(first)]
-    digest = hashlib.sha256(json.dumps(start, sort_keys=True, default=str).encode()).hexdigest()
-    return digest[:32]
-
-
-def continues_conversation(request: Mapping[str, Any]) -> bool:
-    """Whether ``request`` carries turns before its own (a copied context, or an echoed answer or tool
-    call), or one that names its conversation (``prompt_cache_key``): only such a request is routed by its
-    key; a first turn goes to the shared queue (a key no worker remembered yet routes nowhere)."""
-    if request.get("context") or request.get("prompt_cache_key"):
-        return True
-    given = request.get("input")
-    return isinstance(given, list) and any(
-        isinstance(item, Mapping)
-        and (item.get("role") == "assistant" or item.get("type") in ("function_call", "function_call_output"))
-        for item in given
-    )
-
-
-def _item_start(item: Any) -> Any:
-    """An input item as every way of sending it spells it: a string, a message with or without ``type``,
-    its content a string or text parts, all come to (role, text)."""
-    if isinstance(item, str):
-        return ["user", item]
-    if isinstance(item, Mapping) and "content" in item:
-        content = item["content"]
-        if not isinstance(content, str):
-            content = "".join(part.get("text", "") for part in content or () if isinstance(part, Mapping))
-        return [item.get("role", "user"), content]
-    return item
-
-
 def _conversation(conversation: str) -> str:
     return key("affinity-conversation", settings.LMSP_TASK_QUEUE, conversation)
 
 
-def affinity_remember(*, request: Mapping[str, Any], worker: str) -> None:
-    """``worker``'s node runs a task of ``request``'s conversation: later turns prefer it. Never raises."""
-    conversation = conversation_key(request)
+def affinity_remember(*, conversation: str, worker: str) -> None:
+    """``worker``'s node runs a task of ``conversation`` (a conversation key): later turns prefer it.
+    Never raises."""
     if not conversation:
         return
     try:
@@ -149,8 +101,8 @@ def affinity_remember(*, request: Mapping[str, Any], worker: str) -> None:
 
 
 def affinity_queue_of_conversation(*, conversation: str) -> str | None:
-    """The queue of the node that last ran a task of ``conversation`` (``conversation_key``), if that node
-    is alive and has room; else None. Never raises."""
+    """The queue of the node that last ran a task of ``conversation`` (``GenerationSpec.conversation_key``),
+    if that node is alive and has room; else None. Never raises."""
     if not conversation or not settings.LMSP_AFFINITY:
         return None
     try:

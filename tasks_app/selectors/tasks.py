@@ -20,6 +20,7 @@ from tasks_app.exceptions import (
     ResponseNotFound,
     TaskNotFound,
 )
+from tasks_app.generation.spec import GenerationSpec
 from tasks_app.models import Client, ModelRecord, Response, Task, TaskEvent, TaskSnapshot
 from tasks_app.plumbing.querying import status_in
 from tasks_app.states import TaskStatus
@@ -276,10 +277,10 @@ def task_snapshot_get(*, task_id: str) -> StoredSnapshot | None:
     )
 
 
-def task_run_request(*, task_id: str) -> tuple[str, dict[str, Any]]:
-    """The model name and the validated request that a worker runs for the task."""
-    response = Response.objects.only("id", "model", "request").get(task__id=task_id)
-    return response.model, response.request
+def task_run_spec(*, task_id: str) -> GenerationSpec:
+    """The generation spec that a worker runs for the task."""
+    response = Response.objects.only("id", "generation").get(task__id=task_id)
+    return GenerationSpec.from_json(response.generation)
 
 
 def task_outcome_get(*, task_id: str) -> dict[str, Any] | None:

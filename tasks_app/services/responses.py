@@ -29,8 +29,8 @@ from django.db import transaction
 from tasks_app import states
 from tasks_app.core.wire import Live, response_object
 from tasks_app.exceptions import InvalidRequest, ResponseNotFinished, ResponseNotFound
+from tasks_app.generation.spec import GenerationSpec
 from tasks_app.models import Client, IdempotencyKey, IdempotencyState, Response, Task
-from tasks_app.openai.surface import response_request_check
 from tasks_app.services.conversations import conversation_continuation
 from tasks_app.services.idempotency import idempotency_claim_if_keyed, idempotency_complete
 from tasks_app.services.tasks import Reply, task_accept, task_cancel
@@ -61,6 +61,7 @@ def response_start(
     *,
     client: Client,
     request: Mapping[str, Any],
+    spec: GenerationSpec,
     idempotency_key: str | None,
     request_hash: str | None,
     stream: bool = False,
@@ -73,8 +74,7 @@ def response_start(
     transaction), so the task a caller then waits for, streams or (background)
     is told about is durable.
     """
-    response_request_check(request)
-    continuation = conversation_continuation(client=client, request=request)
+    continuation = conversation_continuation(client=client, previous_response_id=spec.continues)
     if background and request.get("store") is False:
         raise InvalidRequest(
             "a background response is stored: background requires store to be true",
@@ -101,6 +101,7 @@ def response_start(
         accepted = task_accept(
             client=client,
             request=request,
+            spec=spec,
             on_restart=on_restart,
             notify_webhooks=background,
             continuation=continuation,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from django.conf import settings
@@ -24,9 +24,8 @@ from tasks_app.exceptions import (
     UnsupportedCapability,
     UnsupportedParameter,
 )
+from tasks_app.generation.spec import GenerationSpec
 from tasks_app.models import Client, Task
-from tasks_app.openai.surface import response_request_check
-from tasks_app.plumbing.affinity import continues_conversation, conversation_key
 from tasks_app.plumbing.querying import status_in
 from tasks_app.selectors.tasks import model_get_by_name
 from tasks_app.services.conversations import Continuation, conversation_continuation
@@ -67,6 +66,7 @@ def task_accept(
     *,
     client: Client,
     request: Mapping[str, Any],
+    spec: GenerationSpec,
     on_restart: RestartPolicy,
     notify_webhooks: bool = False,
     continuation: Continuation | None = None,
@@ -75,15 +75,16 @@ def task_accept(
 
     Shared by ``POST /tasks`` and ``POST /responses``; must run in a transaction.
     ``notify_webhooks``: its end goes to the client's webhook endpoints (docs/webhooks.md);
-    ``continuation``: the conversation a ``previous_response_id`` continues (``conversation_continuation``):
-    its refusal is raised here, after the caller's idempotency key had its say; its context is copied
-    into the task's request; the worker that ran the response before gets the task if it has room
+    ``spec``: the request's generation spec, which the task stores beside it;
+    ``continuation``: the conversation the spec continues (``conversation_continuation``):
+    its refusal is raised here, after the caller's idempotency key had its say; its turns are copied
+    into the task's spec, before its own; the worker that ran the response before gets the task if it has room
     (``tasks_app.plumbing.affinity``).
     The count that checks the queue's limit is also the new task's place in
     the line: inside the write transaction, every queued task is ahead of it.
     """
     context = continuation.context_or_refusal() if continuation is not None else None
-    model = model_get_by_name(request["model"])
+    model = model_get_by_name(spec.model)
     if on_restart == RestartPolicy.RESUME and not model.resumable:
         raise UnsupportedCapability(
             f"model {model.name!r} has no resumable snapshots; on_restart 'resume' is not available",
@@ -95,11 +96,13 @@ def task_accept(
         retry_after = str(settings.LMSP_QUEUE_FULL_RETRY_AFTER_SECONDS)
         raise QueueFull("Too many tasks are waiting; try again later", headers={"Retry-After": retry_after})
     stored_request = {**request, "model": model.name}
+    spec = replace(spec, model=model.name)
     if context is not None:
-        stored_request["context"] = context
+        spec = spec.continued(context)
     task = lifecycle.task_insert(
         client=client,
         request=stored_request,
+        generation=spec.to_json(),
         model=model.name,
         on_restart=on_restart,
         metadata=request.get("metadata") or {},
@@ -108,7 +111,7 @@ def task_accept(
     task_dispatch_on_commit(
         task_id=task.id,
         prefer_worker=continuation.worker if continuation is not None else "",
-        conversation=conversation_key(stored_request) if continues_conversation(stored_request) else "",
+        conversation=spec.conversation_key() if spec.continues_conversation() else "",
     )
     return Accepted(task, ahead + 1)
 
@@ -130,6 +133,7 @@ def task_create(
     *,
     client: Client,
     request: Mapping[str, Any],
+    spec: GenerationSpec,
     on_restart: RestartPolicy,
     idempotency_key: str | None,
     request_hash: str | None,
@@ -145,9 +149,7 @@ def task_create(
             "on_restart 'retry' requires an Idempotency-Key header",
             errors=[{"field": "Idempotency-Key", "message": "required when on_restart is 'retry'"}],
         )
-    with in_envelope("input"):
-        response_request_check(request)
-    continuation = conversation_continuation(client=client, request=request)
+    continuation = conversation_continuation(client=client, previous_response_id=spec.continues)
     # The model is looked up inside the transaction (task_accept), the continuation's refusal raised
     # there (after a replay had its chance); their paths in this body are under input.
     refusals = (ModelNotFound, ResponseNotFound, ResponseNotFinished)
@@ -159,7 +161,12 @@ def task_create(
             return Reply.replay_of(claim)
         # A task's client learns of its end by polling, streaming or its webhooks.
         accepted = task_accept(
-            client=client, request=request, on_restart=on_restart, notify_webhooks=True, continuation=continuation
+            client=client,
+            request=request,
+            spec=spec,
+            on_restart=on_restart,
+            notify_webhooks=True,
+            continuation=continuation,
         )
         task = accepted.task
         reply = Reply(202, task_object(task, accepted.queue_position), {"Location": task_location(task.id)})

@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from tests.support.specs import prompt_for, sampler_values
 from workers.backends.base import SamplingParams
 from workers.backends.detokenizer import StreamDetokenizer
 from workers.backends.onnx.generation import OnnxGeneration
@@ -73,8 +74,8 @@ def alone_reference(
 
 def alone_text(model: OnnxModel, request: Mapping[str, Any], *, following: str | None = None) -> str:
     """The text of a request body (``input``, sampling fields) generated alone; see :func:`alone_reference`."""
-    params = SamplingParams.from_request(request)
-    return alone_reference(model, model.prompt_ids(request), params, following=following).text
+    params = sampler_values(request)
+    return alone_reference(model, model.prompt_ids(prompt_for(request)), params, following=following).text
 
 
 class _Follower:

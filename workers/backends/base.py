@@ -1,7 +1,7 @@
 """The one small interface every inference runtime implements.
 
 A runtime (one file each, next to this one) turns a model folder into a
-:class:`LoadedModel`. A loaded model renders a response request into prompt
+:class:`LoadedModel`. A loaded model renders a :class:`Prompt` into prompt
 token ids and runs a :class:`Generation`: an iterator of :class:`Step` that
 asks ``should_stop`` before every decode step, can describe its exact state
 as a JSON-able snapshot after any step, and can be rebuilt from such a
@@ -24,7 +24,7 @@ FINISH_EOS = "eos"
 """The model produced one of its end-of-sequence ids."""
 FINISH_STOP = "stop"
 """A stop string from the request appeared; it is not part of the text."""
-FINISH_LENGTH = "max_output_tokens"
+FINISH_LENGTH = "length"
 """The token limit (the request's, or what the context window leaves) was reached."""
 FINISH_CANCELLED = "cancelled"
 """``should_stop`` returned True before a decode step."""
@@ -48,32 +48,10 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     grammar: str | None = None
     """An llguidance grammar the output must follow (``workers.backends.constraints``); None: free text.
-    The service builds it from the request (``tasks_app.generation.structured_output``), never this class."""
+    The service builds it from the generation spec (``tasks_app.generation``), never this class."""
     kept_tokens: tuple[str, ...] = ()
     """Special tokens whose text the output keeps (a family's tool-call markers, for its parser);
     every other special token is left out of the text, as always."""
-
-    @classmethod
-    def from_request(cls, request: Mapping[str, Any]) -> SamplingParams:
-        stop = request.get("stop")
-        if stop is None:
-            stops: tuple[str, ...] = ()
-        elif isinstance(stop, str):
-            stops = (stop,)
-        else:
-            stops = tuple(stop)
-        return cls(
-            temperature=request.get("temperature"),
-            top_p=request.get("top_p"),
-            top_k=request.get("top_k"),
-            min_p=request.get("min_p"),
-            repetition_penalty=request.get("repetition_penalty"),
-            frequency_penalty=request.get("frequency_penalty"),
-            presence_penalty=request.get("presence_penalty"),
-            seed=request.get("seed"),
-            max_output_tokens=request.get("max_output_tokens"),
-            stop=tuple(s for s in stops if s),
-        )
 
 
 @dataclass(frozen=True)
@@ -266,8 +244,8 @@ class LoadedModel(Protocol):
     chat_template_source: str | None
     """The chat template's text (a tool-call family is read off it); None without a template."""
 
-    def prompt_ids(self, request: Mapping[str, Any], *, tools: ToolPrompt | None = None) -> list[int]:
-        """Render the request (instructions + input, and ``tools``) with the chat template and tokenise it."""
+    def prompt_ids(self, prompt: Prompt, *, tools: ToolPrompt | None = None) -> list[int]:
+        """Render the prompt (and ``tools``) with the chat template and tokenise it."""
         ...
 
     def single_token_ids(self, texts: Sequence[str]) -> dict[str, int]:
@@ -328,65 +306,67 @@ class Backend(Protocol):
         ...
 
 
-def request_messages(request: Mapping[str, Any], *, dropped: int = 0) -> list[dict[str, Any]]:
-    """The request as chat messages, as Hugging Face chat templates take them.
+@dataclass(frozen=True)
+class PromptTurn:
+    """One turn of a conversation: a text turn (``role``, ``text``), an assistant's tool call
+    (``call_id``, ``name``, ``arguments`` as JSON text) or a tool's answer (role ``tool``, ``call_id``)."""
 
-    The conversation a ``previous_response_id`` carried (``context``) comes
-    first, then ``input``. ``developer`` becomes ``system`` (templates know
-    only the latter); a content list is joined from its text parts;
-    ``function_call`` items become an assistant message's ``tool_calls``
-    (``arguments`` as a dict) and ``function_call_output`` items ``tool``
-    messages. ``dropped``: leave out that many items from the start of the
-    conversation (``truncation: auto``); never ``instructions``.
+    role: str
+    text: str = ""
+    call_id: str | None = None
+    name: str | None = None
+    arguments: str | None = None
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """What the model is asked: a system text, then the conversation's turns."""
+
+    turns: tuple[PromptTurn, ...] = ()
+    system: str | None = None
+    droppable: int = 0
+    """How many turns from the start a prompt over the context may lose to fit (never ``system``)."""
+
+    @classmethod
+    def of_text(cls, text: str, *, system: str | None = None) -> Prompt:
+        return cls((PromptTurn("user", text),), system=system)
+
+
+def prompt_messages(prompt: Prompt, *, dropped: int = 0) -> list[dict[str, Any]]:
+    """The prompt as chat messages, as Hugging Face chat templates take them.
+
+    ``system`` comes first, then the turns; a tool call becomes an assistant
+    message's ``tool_calls`` (``arguments`` as a dict), a tool's answer a
+    ``tool`` message named by its call. ``dropped``: leave out that many turns
+    from the start of the conversation (a prompt over the context); never
+    ``system``.
     """
     messages: list[dict[str, Any]] = []
-    instructions = request.get("instructions")
-    if instructions:
-        messages.append({"role": "system", "content": instructions})
+    if prompt.system:
+        messages.append({"role": "system", "content": prompt.system})
     names: dict[str, str] = {}
-    for item in conversation_items(request)[dropped:]:
-        kind = item.get("type", "message")
-        if kind == "function_call":
-            names[item["call_id"]] = item["name"]
-            _append_tool_call(messages, item)
-        elif kind == "function_call_output":
-            call_id = item["call_id"]
+    for turn in prompt.turns[dropped:]:
+        if turn.name is not None and turn.call_id is not None and turn.role == "assistant":
+            names[turn.call_id] = turn.name
+            _append_tool_call(messages, turn)
+        elif turn.role == "tool":
+            call_id = turn.call_id or ""
             messages.append(
-                {"role": "tool", "tool_call_id": call_id, "name": names.get(call_id, ""), "content": item["output"]}
+                {"role": "tool", "tool_call_id": call_id, "name": names.get(call_id, ""), "content": turn.text}
             )
         else:
-            content = item.get("content")
-            if isinstance(content, list):
-                content = "".join(part.get("text", "") for part in content)
-            role = item.get("role", "user")
-            messages.append({"role": "system" if role == "developer" else role, "content": content or ""})
+            messages.append({"role": turn.role, "content": turn.text})
     return messages
 
 
-def conversation_items(request: Mapping[str, Any]) -> list[Mapping[str, Any]]:
-    """The stored conversation (``context``) and then the request's own input, as items."""
-    given = request.get("input")
-    items = given if isinstance(given, list) else [{"type": "message", "role": "user", "content": given or ""}]
-    return [*request.get("context", ()), *items]
-
-
-def droppable_items(request: Mapping[str, Any]) -> int:
-    """How many items ``truncation: auto`` may drop: all but the newest one (what this turn asks).
-
-    A client that echoes its history sends the whole conversation as ``input``,
-    so "the request's own input" is its last item, not all of it.
-    """
-    return max(len(conversation_items(request)) - 1, 0)
-
-
-def _append_tool_call(messages: list[dict[str, Any]], item: Mapping[str, Any]) -> None:
+def _append_tool_call(messages: list[dict[str, Any]], turn: PromptTurn) -> None:
     """Calls that follow an assistant message (or each other) belong to it, as the model emitted them."""
     try:
-        arguments = json.loads(item["arguments"]) if item["arguments"] else {}
+        arguments = json.loads(turn.arguments) if turn.arguments else {}
     except ValueError:
         # Not JSON (a model's broken call, echoed back): the template gets the text as it was.
-        arguments = item["arguments"]
-    call = {"id": item["call_id"], "type": "function", "function": {"name": item["name"], "arguments": arguments}}
+        arguments = turn.arguments
+    call = {"id": turn.call_id, "type": "function", "function": {"name": turn.name, "arguments": arguments}}
     last = messages[-1] if messages else None
     if last is not None and last["role"] == "assistant":
         last.setdefault("tool_calls", []).append(call)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from tasks_app.exceptions import TaskNotCancelable
 from tasks_app.models import Client, Task
 from tasks_app.openai.chat_completions.translate import ChatRequest
+from tasks_app.openai.responses.translate import accepted_spec
 from tasks_app.services.responses import ResponseStarted, response_start
 from tasks_app.services.tasks import task_cancel
 
@@ -20,6 +21,7 @@ def chat_completion_start(*, client: Client, chat: ChatRequest) -> ResponseStart
     return response_start(
         client=client,
         request=chat.response_request,
+        spec=accepted_spec(chat.response_request),
         idempotency_key=None,
         request_hash=None,
         stream=chat.stream,

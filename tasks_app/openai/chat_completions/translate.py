@@ -25,8 +25,9 @@ from tasks_app.exceptions import (
     UnsupportedParameter,
     with_sdk_error,
 )
-from tasks_app.generation import structured_output, tool_calls
 from tasks_app.openai import surface as request_surface
+from tasks_app.openai import text_format as text_formats
+from tasks_app.openai import tools as tool_calls
 from tasks_app.states import ResponseStatus
 
 CHAT_ID_PREFIX = "chatcmpl-"
@@ -81,10 +82,10 @@ def chat_request_to_response(data: Mapping[str, Any]) -> ChatRequest:
     if data.get("tool_choice") is not None:
         request["tool_choice"] = _tool_choice(data["tool_choice"])
     tool_calls.tools_check(request, chat=True)
-    text_format = structured_output.chat_response_format_as_text_format(data.get("response_format"))
+    text_format = text_formats.chat_response_format_as_text_format(data.get("response_format"))
     if text_format is not None:
         request["text"] = {"format": text_format}
-        structured_output.format_check(request, param="response_format")
+        text_formats.format_check(request, param="response_format")
     # Not stored for previous_response_id: a chat completion is not a stored response (store: false).
     request["store"] = False
     stream = bool(data.get("stream"))

@@ -14,11 +14,11 @@ import onnxruntime as ort
 
 from workers.backends.base import (
     EngineObserver,
+    Prompt,
     SamplingParams,
     StopCheck,
     ToolPrompt,
-    droppable_items,
-    request_messages,
+    prompt_messages,
 )
 from workers.backends.constraints import ConstraintTokenizer
 from workers.backends.errors import GenerationError, ModelLoadError
@@ -172,9 +172,9 @@ class OnnxModel:
 
     # -- prompts ------------------------------------------------------------
 
-    def render_prompt(self, request: Mapping[str, Any], *, dropped: int = 0, tools: ToolPrompt | None = None) -> str:
-        """The request as the text the model was trained on (its chat template, add_generation_prompt)."""
-        messages = request_messages(request, dropped=dropped)
+    def render_prompt(self, prompt: Prompt, *, dropped: int = 0, tools: ToolPrompt | None = None) -> str:
+        """The prompt as the text the model was trained on (its chat template, add_generation_prompt)."""
+        messages = prompt_messages(prompt, dropped=dropped)
         shown = None
         if tools is not None and tools.tools:
             messages, shown = _with_tools(messages, tools)
@@ -191,26 +191,25 @@ class OnnxModel:
                 found[text] = token
         return found
 
-    def prompt_ids(self, request: Mapping[str, Any], *, tools: ToolPrompt | None = None) -> list[int]:
-        """Render the request with the chat template and tokenise it.
+    def prompt_ids(self, prompt: Prompt, *, tools: ToolPrompt | None = None) -> list[int]:
+        """Render the prompt with the chat template and tokenise it.
 
         The template writes the special tokens itself, so the tokenizer adds
         none (it still maps special-token text to its ids); without a template
-        the tokenizer's own post-processor adds what the model expects. With
-        ``truncation: auto`` a prompt that leaves no room for output loses
-        whole items from the start of the conversation until it fits (or
-        only the newest is left: then it fails as any prompt too long does).
+        the tokenizer's own post-processor adds what the model expects. A
+        prompt that leaves no room for output loses whole turns from the start
+        of the conversation, up to its ``droppable`` ones, until it fits (then
+        it fails as any prompt too long does).
         """
-        ids = self._encode(request, 0, tools)
-        if request.get("truncation") == "auto":
-            dropped, limit = 0, droppable_items(request)
-            while len(ids) >= self.context_length and dropped < limit:
-                dropped += 1
-                ids = self._encode(request, dropped, tools)
+        ids = self._encode(prompt, 0, tools)
+        dropped = 0
+        while len(ids) >= self.context_length and dropped < prompt.droppable:
+            dropped += 1
+            ids = self._encode(prompt, dropped, tools)
         return ids
 
-    def _encode(self, request: Mapping[str, Any], dropped: int, tools: ToolPrompt | None = None) -> list[int]:
-        text = self.render_prompt(request, dropped=dropped, tools=tools)
+    def _encode(self, prompt: Prompt, dropped: int, tools: ToolPrompt | None = None) -> list[int]:
+        text = self.render_prompt(prompt, dropped=dropped, tools=tools)
         return list(self.tokenizer.encode(text, add_special_tokens=self._template is None).ids)
 
     @functools.cached_property
