@@ -633,7 +633,7 @@ def test_accept_html_error_is_still_a_problem(api):
 
 
 def test_internal_error_leaks_nothing(api, monkeypatch):
-    from tasks_app.api import views
+    from tasks_app.api import task_views as views
 
     def explode(**kwargs):
         raise RuntimeError("secret-detail")

@@ -8,7 +8,7 @@ import pytest
 from django.db import transaction
 from rest_framework.views import APIView
 
-from tasks_app.api.views import TaskCollectionView
+from tasks_app.api.task_views import TaskCollectionView
 from tasks_app.core import lifecycle
 from tasks_app.exceptions import BackendError
 from tasks_app.ids import is_prefixed_ulid

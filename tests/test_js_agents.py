@@ -20,9 +20,9 @@ from typing import Any
 
 import pytest
 
-from tasks_app.api.serializers import MessageContentField
 from tasks_app.models import Response
 from tasks_app.openai.chat_completions.serializers import ChatContentField
+from tasks_app.openai.responses.input_items import MessageContentField
 from tests.support.demo import DEMO_MODEL
 from tests.support.problems import assert_problem
 

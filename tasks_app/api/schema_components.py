@@ -13,8 +13,8 @@ from rest_framework import serializers
 
 from tasks_app.api.schema_annotations import EVENT_TYPES
 from tasks_app.api.schema_problems import problem_codes
-from tasks_app.api.serializers import MAX_METADATA_PAIRS
 from tasks_app.models import ModelLayout, TaskType
+from tasks_app.openai.responses.serializers import MAX_METADATA_PAIRS
 from tasks_app.services.capabilities import EXTENSIONS
 from tasks_app.services.clients import SCOPES
 from tasks_app.states import ResponseStatus, RestartPolicy, TaskStatus

@@ -5,10 +5,11 @@ drf-spectacular reads the DRF views and their ``extend_schema`` annotations
 ``SPECTACULAR_SETTINGS`` only to build the schema, adds what it cannot see
 on its own:
 
-- The plain async views of ``stream_views.py`` (the event streams, ``POST
-  /responses``, ``GET /responses/{id}``) are not DRF views, so the generator
-  documents each through a stand-in ``APIView`` (``schema_stand_ins.py``)
-  that is never routed.
+- The plain async views (the event streams of ``tasks_app/api/stream_views.py``;
+  ``POST /responses`` and ``GET /responses/{id}`` of
+  ``tasks_app/openai/responses/stream_views.py``; ``POST /chat/completions``)
+  are not DRF views, so the generator documents each through a stand-in
+  ``APIView`` (``schema_stand_ins.py``) that is never routed.
 - Problems: a handler names the exception classes it raises itself with
   ``operation(problems=...)``; the postprocessing hook adds the ones every
   operation shares (401/403, 405, 413, 415, 500) and builds one response per

@@ -1,4 +1,4 @@
-"""Stand-in ``APIView``s for the plain async views of ``stream_views.py``, never routed.
+"""Stand-in ``APIView``s for the plain async views (the ``stream_views`` modules, the chat view), never routed.
 
 The event streams, ``POST /responses`` and ``GET /responses/{id}`` are not
 DRF views, so spectacular cannot read them: the generator documents each
@@ -14,7 +14,7 @@ from drf_spectacular.utils import OpenApiParameter, OpenApiResponse
 from rest_framework.views import APIView
 
 from tasks_app import exceptions as exc
-from tasks_app.api import stream_views
+from tasks_app.api import stream_views as task_stream_views
 from tasks_app.api.schema_annotations import (
     CHAT_STREAM,
     EVENT_STREAM,
@@ -29,13 +29,14 @@ from tasks_app.api.schema_annotations import (
     operation,
 )
 from tasks_app.api.schema_components import ChatCompletionSchema, DeletedResponseSchema, ResponseSchema
-from tasks_app.api.serializers import ResponseCreateInputSerializer
 from tasks_app.openai.chat_completions import views as chat_completions_views
 from tasks_app.openai.chat_completions.serializers import ChatCompletionRequestSerializer
+from tasks_app.openai.responses import stream_views as response_stream_views
+from tasks_app.openai.responses.serializers import ResponseCreateInputSerializer
 
 
 class TaskEventsOperations(APIView):
-    """``stream_views.task_events`` as the schema shows it."""
+    """``tasks_app.api.stream_views.task_events`` as the schema shows it."""
 
     scopes_by_method = {"GET": ("read",)}
     # Besides a bearer token: a stream token (``?token=``) or a staff session.
@@ -58,7 +59,8 @@ class TaskEventsOperations(APIView):
 
 
 class ResponsesOperations(APIView):
-    """``stream_views.responses_create`` (with ``views.ResponseCreateView``) as the schema shows it."""
+    """``tasks_app.openai.responses.stream_views.responses_create`` (with ``views.ResponseCreateView``) as the
+    schema shows it."""
 
     scopes_by_method = {"POST": ("responses",)}
 
@@ -107,7 +109,8 @@ class ResponsesOperations(APIView):
 
 
 class ResponseDetailOperations(APIView):
-    """``stream_views.response_detail`` (with ``views.ResponseDetailView``) as the schema shows it."""
+    """``tasks_app.openai.responses.stream_views.response_detail`` (with ``views.ResponseDetailView``) as the
+    schema shows it."""
 
     scopes_by_method = {"GET": ("read",), "DELETE": ("responses",)}
     stream_readers = True
@@ -156,7 +159,8 @@ class ResponseDetailOperations(APIView):
 
 
 class ResponseCancelOperations(APIView):
-    """``stream_views.response_cancel`` (with ``views.ResponseCancelView``) as the schema shows it."""
+    """``tasks_app.openai.responses.stream_views.response_cancel`` (with ``views.ResponseCancelView``) as the
+    schema shows it."""
 
     scopes_by_method = {"POST": ("responses",)}
 
@@ -219,10 +223,10 @@ class ChatCompletionsOperations(APIView):
 
 
 _STAND_INS: dict[Callable[..., Any], Callable[..., Any]] = {
-    stream_views.task_events: TaskEventsOperations.as_view(),
-    stream_views.responses_create: ResponsesOperations.as_view(),
-    stream_views.response_detail: ResponseDetailOperations.as_view(),
-    stream_views.response_cancel: ResponseCancelOperations.as_view(),
+    task_stream_views.task_events: TaskEventsOperations.as_view(),
+    response_stream_views.responses_create: ResponsesOperations.as_view(),
+    response_stream_views.response_detail: ResponseDetailOperations.as_view(),
+    response_stream_views.response_cancel: ResponseCancelOperations.as_view(),
     chat_completions_views.chat_completions_create: ChatCompletionsOperations.as_view(),
 }
 

@@ -13,15 +13,10 @@ from typing import Any
 from drf_spectacular.utils import extend_schema_field, extend_schema_serializer
 from rest_framework import serializers
 
+from tasks_app.api.pagination import ListQuerySerializer
 from tasks_app.api.schema_components import _PageSchema
-from tasks_app.api.serializers import (
-    ListQuerySerializer,
-    StrictBooleanField,
-    StrictCharField,
-    StrictChoiceField,
-    StrictSerializer,
-)
 from tasks_app.core.wire import unix_seconds
+from tasks_app.edge.strict_json import StrictBooleanField, StrictCharField, StrictChoiceField, StrictSerializer
 from tasks_app.ids import WEBHOOK_ENDPOINT_PREFIX
 from tasks_app.models import WebhookEndpoint
 from tasks_app.plumbing.webhook_http import signing_secret_hint

@@ -13,9 +13,8 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from tasks_app import exceptions as exc
+from tasks_app.api.pagination import list_body
 from tasks_app.api.schema_annotations import operation
-from tasks_app.api.serializers import list_body
-from tasks_app.api.views import READ, WRITE, ScopedAPIView, _validated
 from tasks_app.api.webhook_serializers import (
     WEBHOOK_ENDPOINT_AFTER_SCHEMA,
     DeletedWebhookEndpointSchema,
@@ -35,6 +34,7 @@ from tasks_app.api.webhook_serializers import (
     webhook_endpoint_test_result,
     webhook_event_type_list,
 )
+from tasks_app.edge.scoped_views import READ, WRITE, ScopedAPIView, validated
 from tasks_app.selectors.webhooks import webhook_endpoint_get_own, webhook_endpoint_list_own
 from tasks_app.services.webhooks import (
     webhook_endpoint_create,
@@ -62,7 +62,7 @@ class WebhookEndpointCollectionView(ScopedAPIView):
         problems=[exc.InvalidRequest, *_WRITES],
     )
     def post(self, request: Request) -> Response:
-        data = _validated(WebhookEndpointCreateInputSerializer, request.data)
+        data = validated(WebhookEndpointCreateInputSerializer, request.data)
         endpoint = webhook_endpoint_create(
             client=request.user, name=data["name"], url=data["url"], event_types=data["event_types"]
         )
@@ -85,7 +85,7 @@ class WebhookEndpointCollectionView(ScopedAPIView):
         problems=[exc.InvalidRequest],
     )
     def get(self, request: Request) -> Response:
-        query = _validated(WebhookEndpointListQuerySerializer, request.query_params.dict())
+        query = validated(WebhookEndpointListQuerySerializer, request.query_params.dict())
         page = webhook_endpoint_list_own(client=request.user, after=query.get("after"), limit=query["limit"])
         return Response(list_body(WebhookEndpointOutputSerializer(page.items, many=True).data, page.has_more))
 
@@ -117,7 +117,7 @@ class WebhookEndpointDetailView(ScopedAPIView):
     )
     def post(self, request: Request, webhook_endpoint_id: str) -> Response:
         endpoint = webhook_endpoint_get_own(client=request.user, endpoint_id=webhook_endpoint_id)
-        data = _validated(WebhookEndpointUpdateInputSerializer, request.data)
+        data = validated(WebhookEndpointUpdateInputSerializer, request.data)
         endpoint = webhook_endpoint_update(
             endpoint=endpoint, name=data.get("name"), url=data.get("url"), event_types=data.get("event_types")
         )
@@ -152,7 +152,7 @@ class WebhookEndpointRotateView(ScopedAPIView):
     )
     def post(self, request: Request, webhook_endpoint_id: str) -> Response:
         endpoint = webhook_endpoint_get_own(client=request.user, endpoint_id=webhook_endpoint_id)
-        data = _validated(WebhookSecretRotateInputSerializer, request.data)
+        data = validated(WebhookSecretRotateInputSerializer, request.data)
         endpoint = webhook_endpoint_rotate_secret(
             endpoint=endpoint, keep_previous=data["keep_old_secret_active_for_24_hours"]
         )
@@ -175,7 +175,7 @@ class WebhookEndpointTestView(ScopedAPIView):
     )
     def post(self, request: Request, webhook_endpoint_id: str) -> Response:
         endpoint = webhook_endpoint_get_own(client=request.user, endpoint_id=webhook_endpoint_id)
-        data = _validated(WebhookEndpointTestInputSerializer, request.data)
+        data = validated(WebhookEndpointTestInputSerializer, request.data)
         event_type = data["event_type"]
         status_code = webhook_endpoint_test(endpoint=endpoint, event_type=event_type)
         result = webhook_endpoint_test_result(endpoint_id=endpoint.id, event_type=event_type, status_code=status_code)

@@ -14,6 +14,11 @@ view takes a slot before it answers a stream (``stream_slot_take``), and
 the middleware gives it back when the request ends, however it ends (the
 terminal event, the client's disconnect or reset, a failure, the server's
 shutdown).
+
+The transport knows no protocol: a task's events go out as stored, unless
+the view hands it a ``StreamFormat`` (the Chat Completions adapter's chunks,
+``tasks_app.openai.chat_completions.views``), which shapes the bytes and says
+what a client that leaves before the end means.
 """
 
 from __future__ import annotations
@@ -21,15 +26,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import AsyncGenerator, Awaitable, Callable, MutableMapping
-from typing import Any
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, MutableMapping
+from typing import Any, Protocol
 
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 
 from tasks_app.exceptions import TooManyStreams
-from tasks_app.openai.chat_completions.service import chat_completion_abandon
-from tasks_app.openai.chat_completions.translate import ChatChunks, chat_chunk_stream
 from tasks_app.plumbing.dbpool import run_db
 from tasks_app.plumbing.event_feeds import follow
 
@@ -47,7 +50,26 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 STREAM_OPENED = b": stream opened\n\n"
 SCOPE_KEY = "lmsp.event_streams"
 SLOTS_KEY = "lmsp.stream_slots"
+# A stream's format cannot travel in a header: it goes from the view to the middleware in the scope, as slots do.
+FORMAT_KEY = "lmsp.stream_format"
 FOLLOW_HEADER = "x-lmsp-follow"
+
+
+class StreamFormat(Protocol):
+    """A protocol's shape of a task's event stream, for one stream (it may keep state as the stream goes)."""
+
+    @property
+    def finished(self) -> bool:
+        """Whether the stream reached its end (one left before it is a client gone away)."""
+        ...
+
+    def encode(self, events: AsyncIterator[bytes]) -> AsyncGenerator[bytes, None]:
+        """What goes out for the task's SSE body (``event_feeds.follow``); closed when the stream ends."""
+        ...
+
+    def abandon(self, task_id: str) -> None:
+        """What a client that left before the end means for the task (run on the database pool)."""
+        ...
 
 
 class StreamSlot:
@@ -133,20 +155,23 @@ def stream_slot_take(request: HttpRequest, holder: str) -> StreamSlot:
 
 
 def event_stream(
-    request: HttpRequest, task_id: str, after: int, slot: StreamSlot, *, chat: ChatChunks | None = None
+    request: HttpRequest, task_id: str, after: int, slot: StreamSlot, *, stream_format: StreamFormat | None = None
 ) -> HttpResponse:
     """The response of a view that streams ``task_id``'s events after ``after``; ``slot`` goes with the stream.
 
-    With ``chat``, the events go out as a chat completion's chunks, and a
-    client that leaves before the end cancels the generation (nobody can
-    come back for it: a chat stream has no cursor).
+    With ``stream_format``, the events go out as it encodes them, and a
+    client that leaves before the end has it ``abandon`` the task (under the
+    middleware).
     """
-    if _middleware_scope(request) is not None:
+    scope = _middleware_scope(request)
+    if scope is not None:
         response = HttpResponse(status=200)
-        response[FOLLOW_HEADER] = f"{task_id} {after}" + ("" if chat is None else f" chat {int(chat.include_usage)}")
+        response[FOLLOW_HEADER] = f"{task_id} {after}"
+        if stream_format is not None:
+            scope[FORMAT_KEY] = stream_format
     else:
         # Without the middleware (Django's test client): Django streams it.
-        body = _body(task_id, after, chat)
+        body = _body(task_id, after, stream_format)
         response = StreamingHttpResponse(_releasing(body, slot))
     response["Content-Type"] = "text/event-stream; charset=utf-8"
     response["Cache-Control"] = "no-cache"
@@ -155,9 +180,9 @@ def event_stream(
     return response
 
 
-def _body(task_id: str, after: int, chat: ChatChunks | None) -> AsyncGenerator[bytes, None]:
+def _body(task_id: str, after: int, stream_format: StreamFormat | None) -> AsyncGenerator[bytes, None]:
     events = follow(task_id, after, preamble=STREAM_OPENED)
-    return events if chat is None else chat_chunk_stream(events, chat)
+    return events if stream_format is None else stream_format.encode(events)
 
 
 async def _releasing(body: AsyncGenerator[bytes, None], slot: StreamSlot) -> AsyncGenerator[bytes, None]:
@@ -189,7 +214,7 @@ class EventStreamMiddleware:
                 slot.release()
 
     async def _serve_http(self, scope: Scope, receive: Receive, send: Send) -> None:
-        target: tuple[str, int, ChatChunks | None] | None = None
+        target: tuple[str, int, StreamFormat | None] | None = None
 
         async def send_headers_only(message: Message) -> None:
             nonlocal target
@@ -198,9 +223,8 @@ class EventStreamMiddleware:
                 for name, value in message.get("headers", []):
                     lowered = bytes(name).lower()
                     if lowered == FOLLOW_HEADER.encode():
-                        task_id, after, *chat = bytes(value).decode().split(" ")
-                        chunks = ChatChunks(include_usage=chat[1] == "1") if chat else None
-                        target = (task_id, int(after), chunks)
+                        task_id, after = bytes(value).decode().split(" ")
+                        target = (task_id, int(after), scope.pop(FORMAT_KEY, None))
                     elif lowered != b"content-length":
                         kept.append((name, value))
                 if target is not None:
@@ -214,8 +238,8 @@ class EventStreamMiddleware:
             await _serve(*target, receive, send)
 
 
-async def _serve(task_id: str, after: int, chat: ChatChunks | None, receive: Receive, send: Send) -> None:
-    body = _body(task_id, after, chat)
+async def _serve(task_id: str, after: int, stream_format: StreamFormat | None, receive: Receive, send: Send) -> None:
+    body = _body(task_id, after, stream_format)
 
     async def pump() -> None:
         async for chunk in body:
@@ -236,12 +260,12 @@ async def _serve(task_id: str, after: int, chat: ChatChunks | None, receive: Rec
             task.cancel()
         await asyncio.gather(pumping, listening, return_exceptions=True)
         await body.aclose()
-    if chat is not None and not chat.finished:
-        # The client went away before the end: nobody can come back for a chat stream.
+    if stream_format is not None and not stream_format.finished:
+        # The client went away before the end: its format says what that means for the task.
         try:
-            await run_db(chat_completion_abandon, task_id=task_id)
+            await run_db(stream_format.abandon, task_id)
         except Exception:
-            logger.exception("could not cancel the chat completion of task %s after its client left", task_id)
+            logger.exception("could not abandon task %s after its stream's client left", task_id)
     if not pumping.cancelled() and pumping.exception() is not None:
         logger.error("event stream of %s failed", task_id, exc_info=pumping.exception())
         try:

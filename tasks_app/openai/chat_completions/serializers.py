@@ -12,27 +12,28 @@ from typing import Any
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from tasks_app.api.serializers import (
-    FORMAT_NAME,
-    MAX_REPETITION_PENALTY,
-    MAX_SEED,
-    MAX_TOOLS,
-    MAX_TOP_K,
-    MIN_REPETITION_PENALTY,
+from tasks_app.edge.strict_json import (
     LooseObjectField,
-    MetadataField,
     NullOnlyField,
-    StopField,
     StrictBooleanField,
     StrictCharField,
     StrictChoiceField,
     StrictFloatField,
     StrictIntegerField,
     StrictSerializer,
-    TopPField,
     documented_as,
 )
 from tasks_app.openai import surface as request_surface
+from tasks_app.openai.responses.serializers import (
+    MAX_REPETITION_PENALTY,
+    MAX_SEED,
+    MAX_TOP_K,
+    MIN_REPETITION_PENALTY,
+    MetadataField,
+    StopField,
+    TopPField,
+)
+from tasks_app.openai.responses.tools import FORMAT_NAME, MAX_TOOLS
 
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
 # Parts a chat message may hold that are not text: OpenAI's, refused by name.

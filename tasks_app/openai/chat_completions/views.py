@@ -11,6 +11,7 @@ completion has no id to come back for.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 from asgiref.sync import sync_to_async
@@ -23,15 +24,16 @@ from rest_framework.response import Response
 
 from tasks_app import states
 from tasks_app.api.stream_views import create_stream_slot
-from tasks_app.api.views import WRITE, ScopedAPIView, _validated
 from tasks_app.core.wire import Live, response_object
 from tasks_app.edge.problems import problem_json_response
+from tasks_app.edge.scoped_views import WRITE, ScopedAPIView, validated
 from tasks_app.edge.sse import StreamSlot, event_stream, stream_slot_take
 from tasks_app.exceptions import InvalidRequest, LmspError
 from tasks_app.openai.chat_completions.serializers import ChatCompletionRequestSerializer
 from tasks_app.openai.chat_completions.service import chat_completion_abandon, chat_completion_start
 from tasks_app.openai.chat_completions.translate import (
     ChatChunks,
+    chat_chunk_stream,
     chat_completion_object,
     chat_failure,
     chat_request_to_response,
@@ -54,7 +56,7 @@ class ChatCompletionCreateView(ScopedAPIView):
                 "Idempotency-Key is not supported on chat completions; use POST /responses for idempotent retries",
                 errors=[{"field": "Idempotency-Key", "message": "not supported on this endpoint"}],
             )
-        chat = chat_request_to_response(_validated(ChatCompletionRequestSerializer, request.data))
+        chat = chat_request_to_response(validated(ChatCompletionRequestSerializer, request.data))
         started = chat_completion_start(client=request.user, chat=chat)
         answer = Response(status=202)
         answer.lmsp_chat = (started, chat.include_usage)
@@ -105,7 +107,28 @@ def _stream(
     if slot is None:
         # Not reached while the look at the body reads it as the view does; count it all the same.
         slot = stream_slot_take(request, f"task:{started.task_id}")
-    return event_stream(request, started.task_id, -1, slot, chat=ChatChunks(include_usage=include_usage))
+    return event_stream(request, started.task_id, -1, slot, stream_format=ChatStreamFormat(include_usage=include_usage))
+
+
+class ChatStreamFormat:
+    """A chat completion's stream, for the SSE transport (``sse.StreamFormat``): the task's events as chunks.
+
+    A client that leaves before the end cancels the generation: nobody can
+    come back for it (a chat stream has no cursor).
+    """
+
+    def __init__(self, *, include_usage: bool) -> None:
+        self.chunks = ChatChunks(include_usage=include_usage)
+
+    @property
+    def finished(self) -> bool:
+        return self.chunks.finished
+
+    def encode(self, events: AsyncIterator[bytes]) -> AsyncGenerator[bytes, None]:
+        return chat_chunk_stream(events, self.chunks)
+
+    def abandon(self, task_id: str) -> None:
+        chat_completion_abandon(task_id=task_id)
 
 
 async def _wait(request: HttpRequest, started: ResponseStarted) -> HttpResponse:
