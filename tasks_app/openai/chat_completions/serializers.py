@@ -33,7 +33,7 @@ from tasks_app.openai.responses.serializers import (
     StopField,
     TopPField,
 )
-from tasks_app.openai.responses.tools import FORMAT_NAME, MAX_TOOLS
+from tasks_app.openai.responses.tool_serializers import FORMAT_NAME, MAX_TOOLS
 
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
 # Parts a chat message may hold that are not text: OpenAI's, refused by name.

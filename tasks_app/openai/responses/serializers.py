@@ -27,7 +27,7 @@ from tasks_app.edge.strict_json import (
 )
 from tasks_app.openai import surface as request_surface
 from tasks_app.openai.responses.input_items import ResponseInputField
-from tasks_app.openai.responses.tools import FORMAT_NAME, ResponseToolsField, ToolChoiceField
+from tasks_app.openai.responses.tool_serializers import FORMAT_NAME, ResponseToolsField, ToolChoiceField
 from tasks_app.states import RestartPolicy
 
 MAX_STOP_SEQUENCES = 4
