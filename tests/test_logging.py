@@ -167,21 +167,21 @@ def test_a_prompt_over_the_context_is_one_line_in_the_worker_log_not_a_traceback
 def test_a_runs_fault_keeps_its_traceback_and_a_clients_problem_does_not(monkeypatch, caplog):
     """What the worker logs as it fails a task, for each kind of error its run raises (the failing
     commit itself is replaced: what is logged before it is under test)."""
-    from workers import execution
+    from workers import run_endings
     from workers.backends.errors import ContextTooLong, PromptRejected
 
-    monkeypatch.setattr(execution, "_fail", lambda run, problem, sources: problem["code"])
+    monkeypatch.setattr(run_endings, "fail", lambda run, problem, sources: problem["code"])
     run = SimpleNamespace(task_id="task_01J00000000000000000000000")
     caplog.set_level(logging.INFO, logger="workers.execution")
 
     for client_error in (ContextTooLong("the prompt has 9 tokens"), PromptRejected("the template rejects it")):
-        assert execution._failed_by(run, client_error, sources=[]) in ("context_length_exceeded", "invalid_request")
+        assert run_endings.failed_by(run, client_error, sources=[]) in ("context_length_exceeded", "invalid_request")
     assert not caplog.records
 
     try:
         raise RuntimeError("a bug")
     except RuntimeError as exc:
-        assert execution._failed_by(run, exc, sources=[]) == "backend_error"
+        assert run_endings.failed_by(run, exc, sources=[]) == "backend_error"
     (record,) = caplog.records
     assert record.levelno == logging.ERROR and record.exc_info is not None
     assert record.getMessage() == f"task {run.task_id}: backend error" and "a bug" in str(record.exc_info[1])

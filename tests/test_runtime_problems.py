@@ -1,4 +1,4 @@
-"""The problem a task ends with for each error the runtime raises (``workers.execution.runtime_problem``).
+"""The problem a task ends with for each error the runtime raises (``workers.run_problems.runtime_problem``).
 
 The runtime knows nothing of HTTP; the worker gives its errors their codes.
 Over HTTP, ``test_worker`` shows two of them end to end (a corrupt model,
@@ -11,7 +11,7 @@ import pytest
 
 from tasks_app.exceptions import TaskNotCancelable
 from workers.backends.errors import GenerationError, ModelLoadError, PromptRejected, RuntimeFailure
-from workers.execution import runtime_problem
+from workers.run_problems import runtime_problem
 
 
 @pytest.mark.parametrize(

@@ -60,7 +60,7 @@ def node_room() -> int:
         return 1
     # Imported here: the main process of a prefork node never loads the engine's modules.
     from workers.engines import draining, engines_full, max_rows
-    from workers.execution import run_loop_taken
+    from workers.run_rows import run_loop_taken
 
     if draining() or engines_full():
         return 0

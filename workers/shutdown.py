@@ -204,11 +204,11 @@ def _wait_for_runs() -> None:
     """At the drained process's exit (``atexit``: after Celery's warm or cold shutdown, while the run
     loop's thread still runs): the task threads are done, but the run loop may still carry rows; their
     last commits and hand-backs end before the process does."""
-    execution = sys.modules.get("workers.execution")
-    if execution is None:  # this process never ran a task (a prefork parent, the maintenance node)
+    rows = sys.modules.get("workers.run_rows")
+    if rows is None:  # this process never ran a task (a prefork parent, the maintenance node)
         return
     grace = _drain_asked if _drain_asked is not None else float(settings.LMSP_DRAIN_SECONDS)
-    if not execution.run_loop_empty(timeout=grace + RUNS_END_SECONDS):
+    if not rows.run_loop_empty(timeout=grace + RUNS_END_SECONDS):
         logger.error("rows were still running at exit; the reaper or lmsp_recover hands their tasks back")
 
 

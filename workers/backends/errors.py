@@ -1,5 +1,5 @@
 """What an inference runtime raises. It knows nothing of HTTP or problem codes:
-``workers.execution`` maps each class to the problem a task ends with.
+``workers.run_problems`` maps each class to the problem a task ends with.
 
 The message (``str(exc)``) is written for a person reading the task's error:
 it names the model, the file or the limit involved.
