@@ -33,6 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from workers.backends.base import SamplingParams
 from workers.backends.sampling import Sampler, SamplingDefaults, SamplingSettings
+from workers.backends.sampling.draw import kept
+from workers.backends.sampling.scratch import thread_scratch
 
 
 def processors(config: GenerationConfig) -> LogitsProcessorList:
@@ -56,7 +58,7 @@ def through_transformers(config: GenerationConfig, context: list[int], row: np.n
 
 def kept_by_sampler(sampler: Sampler, row: np.ndarray) -> tuple[set[int], np.ndarray]:
     """The ids the sampler's next draw can return, and its penalised row (its own helpers, no draw)."""
-    penalised = sampler._penalise(row)
+    penalised = sampler.penalties.apply(row)
     settings = sampler.settings
     scores = penalised.astype(np.float64) / settings.temperature
     size, top_k = len(scores), None
@@ -65,7 +67,7 @@ def kept_by_sampler(sampler: Sampler, row: np.ndarray) -> tuple[set[int], np.nda
         top_k = np.flatnonzero(scores >= threshold)
     probs = np.exp(scores - scores.max())
     probs /= probs.sum()
-    order, _ = sampler._kept(probs, top_k)
+    order, _ = kept(probs, top_k, np.float64(1.0), thread_scratch(len(probs)), settings)
     return set(order.tolist()), penalised
 
 

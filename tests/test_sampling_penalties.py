@@ -198,7 +198,7 @@ def test_zero_penalties_leave_the_row_untouched(temperature: float) -> None:
     without = make(SamplingSettings(temperature=temperature), seed=6, vocab=500)
     assert [with_fields.sample(row) for row in rows] == [without.sample(row) for row in rows]
     # Off costs nothing: the row goes to the draw as the caller's own array, no copy made.
-    assert np.shares_memory(with_fields._penalise(rows[0]), rows[0])
+    assert np.shares_memory(with_fields.penalties.apply(rows[0]), rows[0])
 
 
 def test_generated_ids_must_be_token_ids() -> None:

@@ -34,9 +34,17 @@ The modules, in the order a load and a generation use them:
 - ``session``: the device, execution providers and threads of the session;
 - ``graph``: what the graph's inputs and outputs say (names, dtypes, KV cache layout);
 - ``last_row``: the last logits row of a prompt, taken on the device;
+- ``step_picks``: a decode step's greedy picks, taken on the device;
+- ``runtime``: :class:`ModelRuntime`, the session and the graphs beside it: what the
+  session calls need of a model (so they need no model class);
 - ``model``: :class:`OnnxModel`, the loaded model;
+- ``kv_batch``: :class:`KVBatch`, rows of KV cache fed together, joining and leaving on the device;
 - ``kv_decoder``: :class:`KVDecoder`, feeding ids through the session;
 - ``generation``: :class:`OnnxGeneration`, the decode loop, snapshot and resume;
+- ``engine``: :class:`BatchEngine`, many generations stepping together in one model thread,
+  with its parts: ``row_stream`` (what a task thread reads), ``engine_rows`` (the model thread's
+  rows and groups), ``kv_budget``, ``prefill_slices``, ``device_picks``, ``prefix_cache`` and
+  ``prefix_reuse`` (the engine's use of it);
 - ``error_text``: how a library's error is quoted in a runtime error.
 """
 

@@ -32,142 +32,62 @@ GroupQueryAttention (they would place padded rows at the wrong positions).
 Their rows still interleave in the one thread, and their prompts are split
 exactly as alone (``prefill_chunk``), so their tokens stay the exporting
 tool's.
+
+This module is the model thread's loop and the task threads' entry points;
+its parts live beside it: ``row_stream`` (what a task thread reads),
+``engine_rows`` (the rows, their chunks, the group a row joins),
+``kv_budget`` (what a row may reserve), ``prefill_slices`` (the size of a
+prefill call beside decoding rows), ``device_picks`` (greedy rows picked on
+the device) and ``prefix_reuse`` (the engine's use of its prefix cache).
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from workers.backends.base import Chunk, EngineObserver, Step
+from workers.backends.base import Chunk, EngineObserver
 from workers.backends.constraints import MaskPlanner
 from workers.backends.errors import GenerationError
-from workers.backends.onnx.kv_batch import CacheOps, KVBatch
-from workers.backends.onnx.kv_decoder import prompt_calls
+from workers.backends.onnx.device_picks import device_gathers, feed_with_picks, merged_picks
+from workers.backends.onnx.engine_rows import Group, Row, group_to_join
+from workers.backends.onnx.graph import GraphSpec
+from workers.backends.onnx.kv_batch import CacheOps
+from workers.backends.onnx.kv_budget import reserved_bytes
+from workers.backends.onnx.prefill_slices import DEFAULT_PREFILL_SHARE, PrefillSlices
 from workers.backends.onnx.prefix_cache import PrefixCache
-from workers.backends.onnx.session import cuda_free_bytes
+from workers.backends.onnx.prefix_reuse import PrefixReuse
+from workers.backends.onnx.row_stream import RowStream
+from workers.backends.onnx.runtime import ModelRuntime
 from workers.backends.onnx.step_picks import StepLogits
-from workers.backends.sampling import SamplingPool
+from workers.backends.sampling.pool import SamplingPool
 
 if TYPE_CHECKING:
     from workers.backends.onnx.generation import OnnxGeneration
-    from workers.backends.onnx.model import OnnxModel
 
 log = logging.getLogger(__name__)
 
-# A prefill slice beside running rows aims at ``prefill_share`` decode steps' time (LMSP_PREFILL_SHARE;
-# 3 measured best on a CPU, docs/workers.md), and takes at least _MIN_SLICE ids: on a model whose
-# one-token call costs about a step (weights read once per call), smaller slices would barely move the
-# prompt on while doubling the rows' gaps anyway.
-DEFAULT_PREFILL_SHARE = 3.0
-_MIN_SLICE = 16
-# A joining row shares a group's calls while the padded group costs at most this much more
-# (rows x width) than the two apart.
-_MERGE_SLACK = 1.3
 
+class EngineModel(Protocol):
+    """What the batch engine needs of its model (``OnnxModel`` is one), so this module needs no model class."""
 
-class RowStream:
-    """What a task thread holds of its row: iterate it for chunks; :meth:`stop` ends the row."""
+    name: str
+    context_length: int
+    prefill_chunk: int
+    quantizes_per_call: bool
+    group_query_attention: bool
+    kv_bytes_per_position: int
+    graph: GraphSpec
+    runtime: ModelRuntime
 
-    def __init__(self, engine: BatchEngine, generation: OnnxGeneration) -> None:
-        self.generation = generation
-        self._engine = engine
-        self._queue: queue.SimpleQueue[Chunk] = queue.SimpleQueue()
-        self._arrived = threading.Event()
-        self.stopped = threading.Event()
-        self._notify: Callable[[], None] | None = None
-
-    def stop(self) -> None:
-        """End the row before its next model call (a lost compare-and-set, a task thread leaving)."""
-        self.stopped.set()
-        self._engine.wake()
-
-    def put(self, chunk: Chunk) -> None:
-        self._queue.put(chunk)
-        if not self._arrived.is_set():  # the first chunk only: set() takes a lock and wakes every waiter
-            self._arrived.set()
-        notify = self._notify
-        if notify is not None:
-            notify()
-
-    def notify(self, callback: Callable[[], None]) -> None:
-        """Call ``callback`` (on the model thread: it must only hand over) whenever a chunk comes."""
-        self._notify = callback
-        if not self._queue.empty():
-            callback()
-
-    def take(self) -> Chunk | None:
-        """What came since the last read, as one chunk (an error chunk as it is), or None: never waits."""
-        try:
-            chunk = self._queue.get_nowait()
-        except queue.Empty:
-            return None
-        while not chunk.final:
-            try:
-                chunk = chunk.then(self._queue.get_nowait())
-            except queue.Empty:
-                break
-        return chunk
-
-    def ready(self, timeout: float) -> bool:
-        """Whether a chunk has come, waiting at most ``timeout`` seconds for the first."""
-        return self._arrived.wait(timeout)
-
-    def __iter__(self) -> Iterator[Chunk]:
-        """Chunks as they come; what queued meanwhile is merged, so a slow reader commits fewer, larger batches."""
-        while True:
-            chunk = self._queue.get()
-            while not chunk.final:
-                try:
-                    chunk = chunk.then(self._queue.get_nowait())
-                except queue.Empty:
-                    break
-            if chunk.error is not None:
-                raise chunk.error
-            yield chunk
-            if chunk.final:
-                return
-
-
-@dataclass(eq=False)
-class _Group:
-    """Decoding rows that share one cache tensor per layer, and so one session call per step."""
-
-    batch: KVBatch
-    rows: list[_Row]
-
-
-@dataclass(eq=False)
-class _Row:
-    stream: RowStream
-    generation: OnnxGeneration
-    length_cap: int
-    """The most positions this row's cache can reach (prompt + max output)."""
-    submitted: float
-    batch: KVBatch | None = None
-    calls: deque[list[int]] = field(default_factory=deque)
-    """Prefill: the ids still to feed, one list per feed (sliced into calls as they run)."""
-    steps: list[Step] = field(default_factory=list)
-    tokens: int = 0
-    since: float = 0.0
-    first_at: float = 0.0
-    last_at: float = 0.0
-    emitted: bool = False
-    first_feed: list[int] | None = None
-    """The first feed's ids, from the start of its prefill until they are offered to the prefix cache."""
-    shared: bool = False
-    """Whether the row ever shared a decode call: on a graph that pads rows apart, its cache then
-    differs from its alone's in the last bits, and is not offered to the prefix cache."""
+    @property
+    def batchable(self) -> bool: ...
 
 
 class BatchEngine:
@@ -175,7 +95,7 @@ class BatchEngine:
 
     def __init__(
         self,
-        model: OnnxModel,
+        model: EngineModel,
         *,
         max_batch: int,
         kv_budget_bytes: int,
@@ -191,7 +111,7 @@ class BatchEngine:
         # Greedy rows picked where the logits lie, only the others' rows copied (step_picks.py).
         self.device_picks = device_picks
         if device_picks:
-            model.open_step_picks()
+            model.runtime.open_step_picks()
         self.prefill_share = prefill_share
         self.max_batch = max(1, max_batch)
         self.kv_budget = kv_budget_bytes
@@ -200,7 +120,7 @@ class BatchEngine:
         self.observer = observer or EngineObserver()
         self.batched = model.batchable
         self.exact_splits = model.quantizes_per_call or model.graph.float16
-        self.ops = CacheOps(model)
+        self.ops = CacheOps(model.runtime)
         self.bytes_per_position = model.kv_bytes_per_position
         # Prompts' (and answers') caches for later rows that start with the same ids (prefix_cache.py):
         # under the KV budget, so only with one; never on a graph that quantizes per call.
@@ -213,16 +133,27 @@ class BatchEngine:
             if prefix_cache and kv_budget_bytes and not model.quantizes_per_call
             else None
         )
+        self._prefix = PrefixReuse(
+            self.prefix_cache,
+            runtime=model.runtime,
+            ops=self.ops,
+            observer=self.observer,
+            bytes_per_position=self.bytes_per_position,
+            room=self._cache_room,
+            keeps_answers=not self.exact_splits,
+            right_aligned=model.group_query_attention,
+        )
         self._lock = threading.Condition()
-        self._waiting: deque[_Row] = deque()
-        self._joining: deque[_Row] = deque()
+        self._waiting: deque[Row] = deque()
+        self._joining: deque[Row] = deque()
         # Batchable graphs: rows of similar widths share a group. Others: each row its own.
-        self._groups: list[_Group] = []
+        self._groups: list[Group] = []
         self._closed = False
         self._broken: GenerationError | None = None
         self._drain_deadline: float | None = None
-        self._step_seconds = 0.0
-        self._slice = 16
+        self._slices = PrefillSlices(
+            prefill_chunk=model.prefill_chunk, share=prefill_share, exact_splits=self.exact_splits
+        )
         self._masks: MaskPlanner | None = None
         self._logits_width = 0
         self._sampling = SamplingPool(threads=sampling_threads)
@@ -233,9 +164,9 @@ class BatchEngine:
 
     def submit(self, generation: OnnxGeneration) -> RowStream:
         """Queue a generation (fresh or resumed); its chunks come from the returned stream."""
-        stream = RowStream(self, generation)
+        stream = RowStream(generation, wake=self.wake)
         length_cap = min(self.model.context_length, generation.prompt_tokens + generation.max_output_tokens)
-        row = _Row(stream=stream, generation=generation, length_cap=length_cap, submitted=time.monotonic())
+        row = Row(stream=stream, generation=generation, length_cap=length_cap, submitted=time.monotonic())
         need = length_cap * self.bytes_per_position
         if self.kv_budget and need > self.kv_budget:
             error = GenerationError(
@@ -285,7 +216,7 @@ class BatchEngine:
             self._thread.join(timeout=30)
 
     @property
-    def _decoding(self) -> list[_Row]:
+    def _decoding(self) -> list[Row]:
         return [row for group in self._groups for row in group.rows]
 
     def snapshot(self) -> dict[str, Any]:
@@ -326,8 +257,7 @@ class BatchEngine:
         finally:
             if self._masks is not None:
                 self._masks.close()
-            if self.prefix_cache is not None:
-                self.prefix_cache.clear()
+            self._prefix.clear()
             self._sampling.close()
             self.observer.close()
 
@@ -352,11 +282,13 @@ class BatchEngine:
         self._prefill_call()
         return True
 
-    def _reserved(self, rows: list[_Row]) -> int:
+    def _reserved(self, rows: list[Row]) -> int:
         """The bound on the padded cache these rows can reach: rows x the longest, per position."""
-        if not rows:
-            return 0
-        return len(rows) * max(row.length_cap for row in rows) * self.bytes_per_position
+        return reserved_bytes([row.length_cap for row in rows], self.bytes_per_position)
+
+    def _cache_room(self) -> int:
+        """What the rows admitted now leave of the KV budget: the prefix cache's room."""
+        return self.kv_budget - self._reserved([*self._decoding, *self._joining])
 
     def _admit(self) -> None:
         """Admit waiting rows in order while they fit; called with the lock held."""
@@ -368,7 +300,7 @@ class BatchEngine:
                 if active and need > self.kv_budget:
                     break
                 # The cached prefixes give way to a row: least recently used first, as much as it needs.
-                self._evict(self.kv_budget - need)
+                self._prefix.evict(self.kv_budget - need)
             self._waiting.popleft()
             row.calls.extend(row.generation.feeds())
             self._joining.append(row)
@@ -376,11 +308,11 @@ class BatchEngine:
             self.observer.queue_wait(time.monotonic() - row.submitted)
             row.emitted = False
             for step in row.generation.begin():
-                self._add_step(row, step, time.monotonic())
+                row.add_step(step, time.monotonic())
             if row.generation.finish_reason is not None:
                 self._joining.remove(row)
                 active.remove(row)
-                self._emit(row, final=True)
+                row.emit(final=True)
         self.observer.rows(running=len(active), waiting=len(self._waiting))
         self.observer.kv(in_use=self._reserved(active), budget=self.kv_budget)
 
@@ -401,12 +333,13 @@ class BatchEngine:
         if not stepped:
             return
         seconds = time.perf_counter() - started
-        self._step_seconds = seconds if not self._step_seconds else 0.8 * self._step_seconds + 0.2 * seconds
+        self._slices.stepped(seconds)
         self.observer.step(rows=stepped, seconds=seconds)
 
-    def _step_group(self, group: _Group, now: float) -> int:
+    def _step_group(self, group: Group, now: float) -> int:
         """One session call for ``group``'s rows, and their samples; the rows stepped."""
         rows = list(group.rows)
+        generations = [row.generation for row in rows]
         ids = np.array([[row.generation.generated_ids[-1]] for row in rows], dtype=np.int64)
         # The constrained rows' masks are computed while the session runs (llguidance drops the GIL).
         constrained = [row.generation.constraint for row in rows if row.generation.constraint is not None]
@@ -416,12 +349,12 @@ class BatchEngine:
             masks = self._masks.start(constrained)
         # The logits' width is learned from the engine's first step, which comes to the host whole.
         width = self._logits_width
-        gathers = self._device_gathers(rows, width) if self.device_picks and width else {}
+        gathers = device_gathers(generations, width) if self.device_picks and width else {}
         full = [index for index in range(len(rows)) if index not in gathers]
         step: StepLogits | None = None
         try:
             if gathers:
-                step = self._feed_with_picks(group.batch, ids, len(rows), gathers, full)
+                step = feed_with_picks(group.batch, ids, len(rows), gathers, full)
                 logits = step.rows
             else:
                 logits = group.batch.feed(ids, want_logits=True)
@@ -442,70 +375,13 @@ class BatchEngine:
             width=logits.shape[-1],
             sampled=[not row.generation.sampler.greedy for row in hosted],
         )
-        picks = sampled if step is None else self._merged_picks(group.batch, rows, step, gathers, full, sampled)
+        picks = sampled if step is None else merged_picks(group.batch, generations, step, gathers, full, sampled)
         done = [row for row, pick in zip(rows, picks, strict=True) if not self._take(row, pick, now)]
         if done:
             self._leave(group, done, emitted=True)
         return len(rows)
 
-    @staticmethod
-    def _feed_with_picks(
-        batch: KVBatch, ids: np.ndarray, rows: int, gathers: dict[int, np.ndarray], full: list[int]
-    ) -> StepLogits:
-        """The step's call with the picks graph: each device row's highest scores, enough that one at
-        least is not penalised, and its penalised ids' scores; the ``full`` rows whole."""
-        k = max(len(penalised) for penalised in gathers.values()) + 1
-        gather = np.zeros((rows, k - 1), dtype=np.int64)
-        for index, penalised in gathers.items():
-            gather[index, : len(penalised)] = penalised
-        return batch.feed_step(ids, full_rows=np.array(full, dtype=np.int64), k=k, gather=gather)
-
-    @staticmethod
-    def _merged_picks(
-        batch: KVBatch,
-        rows: list[_Row],
-        step: StepLogits,
-        gathers: dict[int, np.ndarray],
-        full: list[int],
-        sampled: list[int | GenerationError],
-    ) -> list[int | GenerationError]:
-        """Every row's pick in order: the device rows' from their candidates, the others' from the pool."""
-        width = step.width
-        by_index: dict[int, int | GenerationError | None] = dict(zip(full, sampled, strict=True))
-        for index, penalised in gathers.items():
-            by_index[index] = _device_pick(rows[index].generation, step, index, penalised, width)
-        again = [index for index, pick in by_index.items() if pick is None]
-        if again:
-            # The candidates could not tell (a tie past the list): those rows come whole after all.
-            try:
-                whole = list(zip(again, batch.step_rows(np.array(again, dtype=np.int64)), strict=True))
-            except GenerationError as exc:
-                whole, by_index = [], {**by_index, **dict.fromkeys(again, exc)}
-            for index, row_logits in whole:
-                try:
-                    by_index[index] = rows[index].generation.pick(row_logits)
-                except GenerationError as exc:
-                    by_index[index] = exc
-        picks: list[int | GenerationError] = []
-        for index in range(len(rows)):
-            pick = by_index[index]
-            assert pick is not None
-            picks.append(pick)
-        return picks
-
-    @staticmethod
-    def _device_gathers(rows: list[_Row], width: int) -> dict[int, np.ndarray]:
-        """The rows a step picks on the device (greedy, unconstrained), each with its penalised ids."""
-        gathers = {}
-        for index, row in enumerate(rows):
-            if row.generation.picks_on_device:
-                try:
-                    gathers[index] = row.generation.sampler.penalised_ids(width)
-                except GenerationError:
-                    continue  # an id past the row: the host sampler says so, as it would alone
-        return gathers
-
-    def _accept(self, row: _Row, logits: np.ndarray, now: float) -> bool:
+    def _accept(self, row: Row, logits: np.ndarray, now: float) -> bool:
         """Sample ``row``'s next token; False when the row is over (its last chunk is out)."""
         try:
             pick: int | GenerationError = row.generation.pick(logits)
@@ -513,7 +389,7 @@ class BatchEngine:
             pick = exc
         return self._take(row, pick, now)
 
-    def _take(self, row: _Row, pick: int | GenerationError, now: float) -> bool:
+    def _take(self, row: Row, pick: int | GenerationError, now: float) -> bool:
         """Move ``row`` on by its picked token; False when the row is over (its last chunk is out)."""
         try:
             if isinstance(pick, GenerationError):
@@ -523,47 +399,21 @@ class BatchEngine:
             row.stream.put(Chunk.failed(exc))
             return False
         for step in steps:
-            self._add_step(row, step, now)
+            row.add_step(step, now)
         if row.generation.finish_reason is not None:
-            self._emit(row, final=True)
+            row.emit(final=True)
             return False
         if not row.emitted or row.tokens >= self.delta_tokens or now - row.since >= self.delta_seconds:
-            self._emit(row, final=False)
+            row.emit(final=False)
         return True
 
-    def _add_step(self, row: _Row, step: Step, now: float) -> None:
-        if not row.steps and not row.tokens:
-            row.since = now
-        row.steps.append(step)
-        if step.token_id is not None:
-            row.tokens += 1
-            row.first_at = row.first_at or now
-            row.last_at = now
-
-    def _emit(self, row: _Row, *, final: bool, interrupted: bool = False) -> None:
-        generation = row.generation
-        row.stream.put(
-            Chunk(
-                steps=tuple(row.steps),
-                tokens=row.tokens,
-                output_tokens=generation.output_tokens,
-                state=generation.snapshot_state(),
-                final=final,
-                interrupted=interrupted,
-                first_at=row.first_at,
-                last_at=row.last_at,
-            )
-        )
-        row.steps, row.tokens, row.emitted = [], 0, True
-        row.first_at = row.last_at = 0.0
-
-    def _leave(self, group: _Group, rows: list[_Row], *, emitted: bool = False) -> None:
+    def _leave(self, group: Group, rows: list[Row], *, emitted: bool = False) -> None:
         """Drop ``rows`` from ``group``; those not yet told get their last chunk."""
         gone = set(map(id, rows))
         if not emitted:
             for row in rows:
-                self._emit(row, final=True)
-        self._remember_answers(group, rows)
+                row.emit(final=True)
+        self._prefix.remember_answers(group, rows)
         kept = [i for i, row in enumerate(group.rows) if id(row) not in gone]
         if kept:
             try:
@@ -591,13 +441,13 @@ class BatchEngine:
         row = self._joining[0]
         if row.stream.stopped.is_set() or row.generation.stop_requested():
             self._joining.popleft()
-            self._emit(row, final=True)
+            row.emit(final=True)
             self._readmit()
             return
         if row.batch is None:
-            row.batch = self._start_batch(row)
+            row.batch = self._prefix.start_batch(row)
         feed = row.calls[0]
-        size = self._call_size(len(feed))
+        size = self._slices.call_size(len(feed), decoding=bool(self._groups))
         ids, rest = feed[:size], feed[size:]
         last = not rest and len(row.calls) == 1
         started = time.perf_counter()
@@ -614,10 +464,10 @@ class BatchEngine:
         else:
             row.calls.popleft()
             if row.first_feed is not None:
-                self._remember(row.first_feed, row.batch, index=0)
+                self._prefix.remember(row.first_feed, row.batch, index=0)
                 row.first_feed = None
         if not last:
-            self._resize_slice(len(ids), time.perf_counter() - started)
+            self._slices.resize(len(ids), time.perf_counter() - started, decoding=bool(self._groups))
             return
         self._joining.popleft()
         assert logits is not None
@@ -627,106 +477,13 @@ class BatchEngine:
             return
         self._join(row)
 
-    # -- the prefix cache -----------------------------------------------------
-
-    def _start_batch(self, row: _Row) -> KVBatch:
-        """A joining row's cache: empty, or the longest cached prefix of its first feed (the rest to feed)."""
-        batch = KVBatch(self.model, ops=self.ops)
-        cache = self.prefix_cache
-        if cache is None:
-            return batch
-        feed = row.calls[0]
-        row.first_feed = list(feed)
-        hit = cache.lookup(feed)
-        self.observer.prefix_hit(tokens=hit.tokens if hit is not None else 0)
-        if hit is not None:
-            batch.start_from(hit.past, hit.tokens)
-            row.calls[0] = feed[hit.tokens :]
-            generation = row.generation
-            generation.cached_tokens = min(hit.tokens, generation.prompt_tokens)
-        return batch
-
-    def _remember(self, ids: list[int], batch: KVBatch, *, index: int) -> None:
-        """Offer row ``index`` of ``batch`` (whose cache holds exactly ``ids``) to the prefix cache, in the
-        room the running rows leave it."""
-        cache = self.prefix_cache
-        assert cache is not None
-        if int(batch.lengths[index]) != len(ids) or cache.covers(ids):
-            return
-        room = self.kv_budget - self._reserved([*self._decoding, *self._joining])
-        if room < len(ids) * self.bytes_per_position:
-            return
-        try:
-            past = batch.row_cache(index)
-        except GenerationError:
-            log.warning("the prefix cache of %s skipped a row it could not copy", self.model.name, exc_info=True)
-            return
-        cache.store(ids, past, room=room)
-        self._cache_changed()
-
-    def _remember_answers(self, group: _Group, rows: list[_Row]) -> None:
-        """Rows leaving: offer each one's prompt and answer (what its cache holds) to the prefix cache.
-
-        Only where that cache is the one the same ids fed alone would give: a graph whose numbers do
-        not depend on the split (the answer was fed one id a call), and rows that never shared a call
-        unless the graph keeps rows exact in a batch (GroupQueryAttention, right-aligned).
-        """
-        if self.prefix_cache is None or self.exact_splits:
-            return
-        for row in rows:
-            if row.shared and not self.model.group_query_attention:
-                continue
-            index = next(i for i, member in enumerate(group.rows) if member is row)
-            generation = row.generation
-            fed = int(group.batch.lengths[index])
-            self._remember([*generation.prompt_ids, *generation.generated_ids][:fed], group.batch, index=index)
-
-    def _evict(self, room: int) -> None:
-        if self.prefix_cache is not None and self.prefix_cache.bytes > room:
-            self.prefix_cache.evict(room)
-            self._cache_changed()
-
-    def _cache_changed(self) -> None:
-        cache = self.prefix_cache
-        assert cache is not None
-        self.observer.prefix_cache(cached_bytes=cache.bytes, evicted=cache.take_evicted())
-
-    def _call_size(self, remaining: int) -> int:
-        """How many ids of a feed the next call takes."""
-        chunk = self.model.prefill_chunk
-        whole = prompt_calls(remaining, chunk)[0]
-        if self.exact_splits or not self._groups:
-            return whole
-        return max(1, min(whole, self._slice))
-
-    def _resize_slice(self, tokens: int, seconds: float) -> None:
-        """Aim the next slice at ``prefill_share`` decode steps of the running rows."""
-        if not self._groups or not self._step_seconds or seconds <= 0:
-            return
-        target = tokens * self.prefill_share * self._step_seconds / seconds
-        self._slice = int(max(_MIN_SLICE, min(self.model.prefill_chunk, 0.5 * self._slice + 0.5 * target)))
-
-    def _join(self, row: _Row) -> None:
-        """A prefilled row starts decoding: into the group it pads least (on the device), or a group of its own.
-
-        A step costs about rows x width of the cache, so a row far longer (or
-        shorter) than a group's rows would make every one of them pay for its
-        width, on every step until one leaves: it joins only where the padded
-        group costs at most ``_MERGE_SLACK`` more than the two apart.
-        """
+    def _join(self, row: Row) -> None:
+        """A prefilled row starts decoding: into the group it pads least (on the device), or a group of its own."""
         batch, row.batch = row.batch, None
         assert batch is not None
-        best: _Group | None = None
-        if self.batched:
-            width = batch.width
-            best_cost = float("inf")
-            for group in self._groups:
-                apart = len(group.rows) * group.batch.width + width
-                together = (len(group.rows) + 1) * max(group.batch.width, width)
-                if together <= _MERGE_SLACK * apart and together < best_cost:
-                    best, best_cost = group, together
+        best = group_to_join(self._groups, batch.width) if self.batched else None
         if best is None:
-            self._groups.append(_Group(batch=batch, rows=[row]))
+            self._groups.append(Group(batch=batch, rows=[row]))
             return
         try:
             best.batch.merge(batch)
@@ -739,7 +496,7 @@ class BatchEngine:
 
     # -- ends -----------------------------------------------------------------
 
-    def _take_all(self) -> list[_Row]:
+    def _take_all(self) -> list[Row]:
         """Every row out of the engine (waiting, joining, decoding), its cache dropped."""
         with self._lock:
             rows = [*self._waiting, *self._joining, *self._decoding]
@@ -751,48 +508,8 @@ class BatchEngine:
     def _interrupt_all(self) -> None:
         """The drain ran out: every row ends where it is, its task handed back by its policy."""
         for row in self._take_all():
-            self._emit(row, final=True, interrupted=True)
+            row.emit(final=True, interrupted=True)
 
     def _fail_all(self, error: GenerationError) -> None:
         for row in self._take_all():
             row.stream.put(Chunk.failed(error))
-
-
-def _device_pick(
-    generation: OnnxGeneration, step: StepLogits, index: int, penalised: np.ndarray, width: int
-) -> int | GenerationError | None:
-    """A greedy row's pick from what the device sent (None: the row must come whole), or its error, as
-    ``SamplingPool.run`` gives them."""
-    sampler = generation.sampler
-    try:
-        if not len(penalised):
-            return sampler.best(int(step.best[index]), finite=bool(step.finite[index]))
-        return sampler.best_of_candidates(
-            ids=penalised,
-            raw=step.gathered[index, : len(penalised)],
-            top_values=step.top_values[index],
-            top_ids=step.top_ids[index],
-            nan=bool(step.nan[index]),
-            width=width,
-        )
-    except GenerationError as exc:
-        return exc
-
-
-def automatic_kv_budget(model: OnnxModel, *, share: float) -> int:
-    """``share`` of the free memory of the model's device (CUDA) or of the host's physical memory (CPU)."""
-    if model.device_type == "cuda":
-        free = cuda_free_bytes(model.device_id)
-        if free:
-            return int(free * share)
-    try:
-        physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError):
-        return 0
-    return int(physical * share)
-
-
-def kv_bytes_per_position(model: OnnxModel) -> int:
-    """Cache bytes one position of one row takes: layers x (key + value) x heads x head size x element."""
-    graph = model.graph
-    return len(graph.past_names) * graph.kv_heads * graph.head_dim * np.dtype(graph.kv_dtype).itemsize

@@ -10,9 +10,10 @@ errors raise ``GenerationError``.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
+from tokenizers import Tokenizer
 
 from workers.backends.base import (
     FINISH_CANCELLED,
@@ -23,16 +24,38 @@ from workers.backends.base import (
     Step,
     StopCheck,
 )
-from workers.backends.constraints import OutputConstraint
+from workers.backends.constraints import ConstraintTokenizer, OutputConstraint
 from workers.backends.detokenizer import StopFilter, StreamDetokenizer
 from workers.backends.errors import ContextTooLong, GenerationError
 from workers.backends.onnx.error_text import one_line
-from workers.backends.sampling import Sampler
-
-if TYPE_CHECKING:
-    from workers.backends.onnx.model import OnnxModel
+from workers.backends.onnx.kv_decoder import KVDecoder
+from workers.backends.onnx.runtime import ModelRuntime
+from workers.backends.sampling.sampler import Sampler
+from workers.backends.sampling.settings import SamplingDefaults
 
 SNAPSHOT_VERSION = 1
+
+
+class GeneratingModel(Protocol):
+    """What a generation needs of its model (``OnnxModel`` is one), so this module needs no model class."""
+
+    name: str
+    context_length: int
+    vocab_size: int
+    tokenizer: Tokenizer
+    defaults: SamplingDefaults
+    eos_token_ids: frozenset[int]
+    replays_steps: bool
+    runtime: ModelRuntime
+
+    @property
+    def special_token_ids(self) -> frozenset[int]: ...
+
+    def kept_token_ids(self, texts: Sequence[str]) -> frozenset[int]: ...
+
+    def constraint_tokenizer(self) -> ConstraintTokenizer: ...
+
+    def decoder(self) -> KVDecoder: ...
 
 
 class OnnxGeneration:
@@ -40,7 +63,7 @@ class OnnxGeneration:
 
     def __init__(
         self,
-        model: OnnxModel,
+        model: GeneratingModel,
         prompt_ids: list[int],
         params: SamplingParams,
         should_stop: StopCheck,
@@ -51,7 +74,7 @@ class OnnxGeneration:
         held_text: str = "",
         detokenizer_offsets: tuple[int, int] = (0, 0),
     ) -> None:
-        model._require_session()
+        model.runtime.require_session()
         if not prompt_ids:
             raise GenerationError("the prompt is empty")
         if len(prompt_ids) >= model.context_length:
@@ -103,7 +126,7 @@ class OnnxGeneration:
 
     @classmethod
     def from_snapshot(
-        cls, model: OnnxModel, snapshot: Mapping[str, Any], params: SamplingParams, should_stop: StopCheck
+        cls, model: GeneratingModel, snapshot: Mapping[str, Any], params: SamplingParams, should_stop: StopCheck
     ) -> OnnxGeneration:
         """Rebuild the generation a snapshot describes; see :meth:`snapshot`."""
         try:

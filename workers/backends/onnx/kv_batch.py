@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import numpy as np
 import onnxruntime as ort
@@ -35,11 +34,9 @@ from onnx import TensorProto, helper
 
 from workers.backends.errors import GenerationError
 from workers.backends.onnx.error_text import one_line
+from workers.backends.onnx.runtime import ModelRuntime
 from workers.backends.onnx.session import open_helper_session
 from workers.backends.onnx.step_picks import StepLogits
-
-if TYPE_CHECKING:
-    from workers.backends.onnx.model import OnnxModel
 
 log = logging.getLogger(__name__)
 
@@ -86,14 +83,14 @@ def merge_graph(tensors: int, element: int) -> bytes:
 class CacheOps:
     """The join/leave graphs of one loaded model, in small sessions on the model's device."""
 
-    def __init__(self, model: OnnxModel) -> None:
-        graph = model.graph
+    def __init__(self, runtime: ModelRuntime) -> None:
+        graph = runtime.graph
         tensors = len(graph.past_names)
         element = _ELEMENT[graph.kv_dtype]
-        where = model.where
-        self.device, self.device_id = model.device_type, model.device_id
+        where = runtime.where
+        self.device, self.device_id = runtime.device_type, runtime.device_id
 
-        limit = model.gpu_mem_limit
+        limit = runtime.gpu_mem_limit
 
         def session(data: bytes, what: str) -> ort.InferenceSession:
             named = f"the {what} graph for {where}"
@@ -141,18 +138,18 @@ class KVBatch:
     another batch's rows in after this one's, :meth:`keep` drops rows.
     """
 
-    def __init__(self, model: OnnxModel, *, ops: CacheOps | None = None) -> None:
-        self._session = model._require_session()
-        self._graph = model.graph
-        last_row = model.last_row
+    def __init__(self, runtime: ModelRuntime, *, ops: CacheOps | None = None) -> None:
+        self._session = runtime.require_session()
+        self._graph = runtime.graph
+        last_row = runtime.last_row
         assert last_row is not None  # set as long as the session is
         self._last_row = last_row
-        self._step_picks = model.step_picks
+        self._step_picks = runtime.step_picks
         self._step_logits: ort.OrtValue | None = None
-        self._where = model.where
-        self._device = model.device_type
-        self._device_id = model.device_id
-        self._right_aligned = model.group_query_attention
+        self._where = runtime.where
+        self._device = runtime.device_type
+        self._device_id = runtime.device_id
+        self._right_aligned = runtime.right_aligned
         self._ops = ops
         self._binding = self._session.io_binding()
         empty = [1, self._graph.kv_heads, 0, self._graph.head_dim]

@@ -19,14 +19,11 @@ every line up to the batched decode step.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from workers.backends.onnx.kv_batch import CacheOps, KVBatch
-
-if TYPE_CHECKING:
-    from workers.backends.onnx.model import OnnxModel
+from workers.backends.onnx.runtime import ModelRuntime
 
 
 def prompt_calls(count: int, chunk: int) -> list[int]:
@@ -43,12 +40,13 @@ class KVDecoder:
     """Feeds token ids through the session, keeping the KV cache on the device.
 
     :meth:`feed` takes any number of ids (a prompt, or one sampled token) and
-    returns the logits of the last position as a float32 host array.
+    returns the logits of the last position as a float32 host array;
+    a prompt goes in calls of at most ``prefill_chunk`` ids (the model's).
     """
 
-    def __init__(self, model: OnnxModel, *, ops: CacheOps | None = None) -> None:
-        self.batch = KVBatch(model, ops=ops)
-        self._chunk = model.prefill_chunk
+    def __init__(self, runtime: ModelRuntime, *, prefill_chunk: int, ops: CacheOps | None = None) -> None:
+        self.batch = KVBatch(runtime, ops=ops)
+        self._chunk = prefill_chunk
 
     @property
     def past_length(self) -> int:

@@ -21,18 +21,13 @@ from workers.backends.base import (
     prompt_messages,
 )
 from workers.backends.constraints import ConstraintTokenizer
-from workers.backends.errors import GenerationError, ModelLoadError
+from workers.backends.errors import ModelLoadError
 from workers.backends.onnx.chat_template import ChatTemplate, tool_calls_as_text
-from workers.backends.onnx.engine import (
-    DEFAULT_PREFILL_SHARE,
-    BatchEngine,
-    automatic_kv_budget,
-    kv_bytes_per_position,
-)
+from workers.backends.onnx.engine import BatchEngine
 from workers.backends.onnx.generation import OnnxGeneration
 from workers.backends.onnx.graph import graph_spec, quantizes_per_call, uses_group_query_attention
+from workers.backends.onnx.kv_budget import automatic_kv_budget, kv_bytes_per_position
 from workers.backends.onnx.kv_decoder import KVDecoder
-from workers.backends.onnx.last_row import LastRow
 from workers.backends.onnx.model_folder import (
     GENAI_CONFIG,
     MODEL_FILE,
@@ -46,9 +41,11 @@ from workers.backends.onnx.model_folder import (
     read_template,
     shape_hints,
 )
+from workers.backends.onnx.prefill_slices import DEFAULT_PREFILL_SHARE
+from workers.backends.onnx.runtime import ModelRuntime
 from workers.backends.onnx.session import open_session
 from workers.backends.onnx.step_picks import StepPicks
-from workers.backends.sampling import SamplingDefaults
+from workers.backends.sampling.settings import SamplingDefaults
 
 log = logging.getLogger(__name__)
 
@@ -121,13 +118,13 @@ class OnnxModel:
         self.defaults = SamplingDefaults.from_generation_config(self.generation_config)
 
         limit = self.gpu_mem_limit
-        self.session, self.device_type = open_session(
+        session, self.device_type = open_session(
             model_path, device, device_id, intra_op_threads, spinning, where=self.where, gpu_mem_limit=limit
         )
-        self.provider: str = self.session.get_providers()[0]
+        self.provider: str = session.get_providers()[0]
         hints = shape_hints(self.config, genai)
-        self.graph = graph_spec(self.session, genai_graph_names(genai, graph), hints, self.where)
-        self.vocab_size = self._vocab_size(hints.vocab_size)
+        self.graph = graph_spec(session, genai_graph_names(genai, graph), hints, self.where)
+        self.vocab_size = self._vocab_size(session, hints.vocab_size)
         # Resuming replays the generated ids one call each where a different split changes the logits:
         # per-call activation scales, or float16 rounding (one call over the prompt and the generated
         # ids rounds otherwise than the steps did, by a few float16 steps: enough to flip a near tie).
@@ -135,38 +132,38 @@ class OnnxModel:
         self.replays_steps = self.graph.float16 or self.quantizes_per_call
         # GroupQueryAttention reads each row's length from the mask: rows right-aligned, exact in a batch.
         self.group_query_attention = uses_group_query_attention(model_path)
-        self.kv_bytes_per_position = kv_bytes_per_position(self)
+        self.kv_bytes_per_position = kv_bytes_per_position(self.graph)
         self._engine: BatchEngine | None = None
         self._engine_lock = threading.Lock()
         self._constraint_tokenizer: ConstraintTokenizer | None = None
-        self.last_row: LastRow | None = LastRow(
-            self.graph.logits_type, self.device_type, device_id, where=self.where, gpu_mem_limit=self.gpu_mem_limit
+        # What the session calls need of this model (the KV cache, the decoder, the engine's steps).
+        self.runtime = ModelRuntime(
+            session,
+            name=self.name,
+            graph=self.graph,
+            where=self.where,
+            device_type=self.device_type,
+            device_id=device_id,
+            gpu_mem_limit=self.gpu_mem_limit,
+            right_aligned=self.group_query_attention,
         )
-        # Opened by the first engine that picks greedy rows on the device (on CUDA, or asked to).
-        self.step_picks: StepPicks | None = None
-        self._picks_lock = threading.Lock()
         log.debug("model %s loaded on %s from %s", self.name, self.provider, self.graph_file)
+
+    @property
+    def session(self) -> ort.InferenceSession | None:
+        """The decoder's session; None once closed."""
+        return self.runtime.session
 
     def open_step_picks(self) -> StepPicks:
         """The step-picks graph's session on this model's device (``step_picks``), opened once."""
-        self._require_session()
-        with self._picks_lock:
-            if self.step_picks is None:
-                self.step_picks = StepPicks(
-                    self.graph.logits_type,
-                    self.device_type,
-                    self.device_id,
-                    where=self.where,
-                    gpu_mem_limit=self.gpu_mem_limit,
-                )
-            return self.step_picks
+        return self.runtime.open_step_picks()
 
-    def _vocab_size(self, configured: int | None) -> int:
+    def _vocab_size(self, session: ort.InferenceSession, configured: int | None) -> int:
         """The logits' width: the graph's static dimension, else the configs, else the tokenizer's size.
 
         It can exceed the tokenizer's size (embedding tables padded to a multiple of 64 or 128).
         """
-        shape = next(o.shape for o in self._require_session().get_outputs() if o.name == self.graph.names.logits)
+        shape = next(o.shape for o in session.get_outputs() if o.name == self.graph.names.logits)
         static = shape[-1] if shape and isinstance(shape[-1], int) else None
         return static or configured or self.tokenizer.get_vocab_size(with_added_tokens=True)
 
@@ -238,14 +235,9 @@ class OnnxModel:
 
     # -- generation ---------------------------------------------------------
 
-    def _require_session(self) -> ort.InferenceSession:
-        if self.session is None:
-            raise GenerationError(f"model {self.name!r} is closed")
-        return self.session
-
     def decoder(self) -> KVDecoder:
         """A fresh KV-cache runner (empty past) on this model's session."""
-        return KVDecoder(self)
+        return KVDecoder(self.runtime, prefill_chunk=self.prefill_chunk)
 
     def generate(self, prompt_ids: Sequence[int], params: SamplingParams, *, should_stop: StopCheck) -> OnnxGeneration:
         """Start a generation; nothing runs until it is iterated."""
@@ -280,8 +272,8 @@ class OnnxModel:
         """
         with self._engine_lock:
             if self._engine is None or not self._engine.running:
-                self._require_session()
-                budget = kv_budget_bytes or automatic_kv_budget(self, share=kv_share)
+                self.runtime.require_session()
+                budget = kv_budget_bytes or automatic_kv_budget(self.device_type, self.device_id, share=kv_share)
                 if device_picks is None:
                     device_picks = self.device_type == "cuda"
                 self._engine = BatchEngine(
@@ -304,6 +296,4 @@ class OnnxModel:
             engine, self._engine = self._engine, None
         if engine is not None:
             engine.close()
-        self.session = None
-        self.last_row = None
-        self.step_picks = None
+        self.runtime.close()
