@@ -37,7 +37,7 @@ MAX_METADATA_VALUE = 512
 MAX_SEED = 2**64 - 1
 # More than any vocabulary: a top_k at or above a model's vocabulary keeps every token.
 MAX_TOP_K = 1_000_000
-# The sampler's range (workers/backends/sampling.py, which this layer may not import):
+# The sampler's range (workers/backends/sampling/, which this layer may not import):
 # outside it a penalised float32 score can overflow.
 MIN_REPETITION_PENALTY = 0.01
 MAX_REPETITION_PENALTY = 100.0
@@ -99,7 +99,7 @@ class MetadataField(serializers.Field):
 
 @extend_schema_field({"type": "number", "exclusiveMinimum": 0, "maximum": 1})
 class TopPField(StrictFloatField):
-    """``top_p`` in (0, 1], the sampler's domain (``workers/backends/sampling.py``): 0 is refused up front."""
+    """``top_p`` in (0, 1], the sampler's domain (``workers/backends/sampling/``): 0 is refused up front."""
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(max_value=1.0, **kwargs)
