@@ -57,7 +57,8 @@ def main() -> None:
     from tasks_app.core import lifecycle
     from tasks_app.models import WebhookDelivery
     from tasks_app.services.clients import client_create
-    from tasks_app.services.webhooks import EVENT_TYPES, webhook_deliveries_run, webhook_endpoint_create
+    from tasks_app.services.webhook_delivery import webhook_deliveries_run
+    from tasks_app.services.webhooks import EVENT_TYPES, webhook_endpoint_create
 
     arrived: dict[str, float] = {}
 

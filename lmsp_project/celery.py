@@ -9,6 +9,10 @@ worker busy with an hour-long generation never delays them: the sweeper
 (re-dispatches waiting tasks whose message may be lost), the reaper (applies
 the restart policy to tasks whose worker stopped reporting) and the retention
 cleanup. See docs/recovery.md.
+
+The names of the Celery tasks are set here, with the app that schedules
+them; everything else reaches them (and the app) through
+``tasks_app.plumbing.broker``, the one module that imports this one.
 """
 
 from __future__ import annotations
@@ -19,6 +23,15 @@ from celery import Celery
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "lmsp_project.settings")
 
+RUN_TASK = "lmsp.run_task"
+"""Runs one task: its only argument is the task id."""
+SWEEP_TASK = "lmsp.sweep_queued"
+"""Re-sends waiting tasks whose message may be lost."""
+REAP_TASK = "lmsp.reap_abandoned"
+"""Applies the restart policy to tasks whose worker stopped reporting."""
+CLEANUP_TASK = "lmsp.cleanup"
+"""Deletes what retention no longer keeps."""
+
 app = Celery("lmsp_project")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 # workers.shutdown: one line per task a stop interrupts, instead of tracebacks. workers.presence: the
@@ -28,10 +41,8 @@ app.conf.imports = ("workers.tasks", "workers.shutdown", "workers.presence")
 
 @app.on_after_finalize.connect
 def _schedule_maintenance(sender: Celery, **kwargs: object) -> None:
-    # Imported once the app is finalized: tasks_app.plumbing.broker imports this module's app.
+    # Imported here: Django's settings are configured by the time the app is finalized.
     from django.conf import settings
-
-    from tasks_app.plumbing.broker import CLEANUP_TASK, REAP_TASK, SWEEP_TASK
 
     jobs = (
         ("sweep waiting tasks", SWEEP_TASK, settings.LMSP_SWEEP_INTERVAL_SECONDS),

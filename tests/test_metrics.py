@@ -22,17 +22,14 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families 
 from prometheus_client.parser import text_string_to_metric_families
 
 from tasks_app import states
-from tasks_app.metrics.prometheus import (
+from tasks_app.metrics.catalog import TIME_TO_FIRST_TOKEN
+from tasks_app.metrics.exposition import metrics_exposition
+from tasks_app.metrics.scrape import Scrape, active_tasks_grouped, metrics_redis_read, tasks_active_count
+from tasks_app.metrics.store import (
     GAUGE_TTL_SECONDS,
-    TIME_TO_FIRST_TOKEN,
-    Scrape,
-    active_tasks_grouped,
-    metrics_exposition,
     metrics_redis,
-    metrics_redis_read,
     process_key,
     processes_key,
-    tasks_active_count,
     worker_key,
     workers_key,
 )

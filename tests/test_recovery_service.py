@@ -454,7 +454,7 @@ def test_a_recovery_killed_mid_run_leaves_each_task_moved_with_its_event_or_unto
 
 
 def recovery_errors() -> dict[str, int]:
-    from tasks_app.metrics.prometheus import recovery_errors_key
+    from tasks_app.metrics.store import recovery_errors_key
 
     return {name.decode(): int(count) for name, count in redis_client().hgetall(recovery_errors_key()).items()}
 

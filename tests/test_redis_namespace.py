@@ -14,7 +14,7 @@ import pytest
 from django.conf import settings as django_settings
 
 from lmsp_project.celery import app
-from tasks_app.metrics.prometheus import finished_key, metrics_key, worker_key, workers_key
+from tasks_app.metrics.store import finished_key, metrics_key, worker_key, workers_key
 from tasks_app.plumbing import notify
 from tests.support.db import database_url
 from tests.support.namespace import (

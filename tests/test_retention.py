@@ -15,6 +15,7 @@ from django.db import connection
 from django.utils import timezone
 
 from tasks_app.core import lifecycle
+from tasks_app.core.webhook_outbox import TaskEnd, webhook_deliveries_enqueue
 from tasks_app.exceptions import ServerRestarted
 from tasks_app.models import (
     Client,
@@ -30,7 +31,7 @@ from tasks_app.models import (
 from tasks_app.services.clients import pairing_code_create, pairing_code_redeem
 from tasks_app.services.idempotency import idempotency_claim, request_digest
 from tasks_app.services.retention import CleanupSummary, retention_cleanup
-from tasks_app.services.webhooks import TaskEnd, webhook_deliveries_enqueue, webhook_endpoint_create
+from tasks_app.services.webhooks import webhook_endpoint_create
 from tasks_app.states import TaskStatus
 from tests.support import moves
 from tests.support.api import ApiClient

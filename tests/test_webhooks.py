@@ -31,15 +31,14 @@ from tasks_app.core import lifecycle
 from tasks_app.models import Task, WebhookDelivery, WebhookDeliveryStatus, WebhookEndpoint
 from tasks_app.plumbing.webhook_http import AttemptOutcome, webhook_post
 from tasks_app.services.recovery import abandoned_tasks_reap
-from tasks_app.services.webhooks import (
+from tasks_app.services.webhook_delivery import (
     webhook_backoff_seconds,
     webhook_deliveries_claim,
     webhook_deliveries_retry_now,
     webhook_deliveries_run,
     webhook_delivery_record,
-    webhook_endpoint_create,
-    webhook_endpoint_rotate_secret,
 )
+from tasks_app.services.webhooks import webhook_endpoint_create, webhook_endpoint_rotate_secret
 from tasks_app.states import RestartPolicy, TaskStatus
 from tests.support.db import database_url
 from tests.support.namespace import REDIS_PREFIX

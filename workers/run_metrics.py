@@ -2,7 +2,7 @@
 
 Workers run on other hosts and in prefork children, so nobody scrapes them:
 each process adds its observations to the histograms of its node in Redis
-(``tasks_app.metrics.prometheus`` has the layout), and the web process exposes them with
+(``tasks_app.metrics.store`` has the layout), and the web process exposes them with
 a ``worker`` label. Observing only bumps numbers in memory under a lock; a
 thread of the process sends what piled up at most once per
 ``FLUSH_INTERVAL_SECONDS`` and right after each task, as one MULTI/EXEC of
@@ -42,7 +42,7 @@ from django.conf import settings
 from django.utils import timezone
 from redis.client import Pipeline
 
-from tasks_app.metrics.prometheus import (
+from tasks_app.metrics.catalog import (
     BATCH_EVENTS,
     BATCH_TOKENS,
     CANCEL_LATENCY,
@@ -65,10 +65,12 @@ from tasks_app.metrics.prometheus import (
     ENGINE_ROWS_WAITING,
     ENGINE_STEP_SECONDS,
     ENGINE_TOKENS_RATE,
-    GAUGE_TTL_SECONDS,
     TIME_TO_FIRST_TOKEN,
     TOKENS_PER_SECOND,
     HistogramSpec,
+)
+from tasks_app.metrics.store import (
+    GAUGE_TTL_SECONDS,
     RateLimitedWarning,
     bucket_field,
     metrics_redis,

@@ -11,7 +11,7 @@ from tasks_app.admin.bounded_counts import BoundedCountAdmin
 from tasks_app.admin.display import admin_link, task_link
 from tasks_app.models import WebhookDelivery, WebhookEndpoint
 from tasks_app.plumbing.webhook_http import signing_secret_hint
-from tasks_app.services.webhooks import webhook_deliveries_retry_now
+from tasks_app.services.webhook_delivery import webhook_deliveries_retry_now
 
 
 @admin.register(WebhookEndpoint)

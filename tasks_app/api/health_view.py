@@ -20,7 +20,7 @@ from django.views.decorators.csrf import csrf_exempt
 
 from tasks_app.edge.problems import PROBLEM_CONTENT_TYPE, problem_json_response
 from tasks_app.exceptions import DatabaseUnavailable, MethodNotAllowed
-from tasks_app.metrics.prometheus import metrics_redis
+from tasks_app.metrics.store import metrics_redis
 from tasks_app.plumbing.database_outages import Unavailable, database_outage, database_unavailable_noted
 from tasks_app.plumbing.dbpool import run_db
 

@@ -20,13 +20,9 @@ from django.views.decorators.csrf import csrf_exempt
 
 from tasks_app.edge.problems import problem_json_response
 from tasks_app.exceptions import LocalClientsOnly, MethodNotAllowed
-from tasks_app.metrics.prometheus import (
-    RateLimitedWarning,
-    Scrape,
-    metrics_exposition,
-    metrics_redis_read,
-    tasks_active_count,
-)
+from tasks_app.metrics.exposition import metrics_exposition
+from tasks_app.metrics.scrape import Scrape, metrics_redis_read, tasks_active_count
+from tasks_app.metrics.store import RateLimitedWarning
 from tasks_app.plumbing.dbpool import run_db
 from tasks_app.plumbing.event_feeds import feeds
 

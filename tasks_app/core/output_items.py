@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tasks_app.core import events
+from tasks_app.core import event_payloads
 from tasks_app.core.events import Event, EventType
 from tasks_app.core.wire import function_call_item, message_item
 from tasks_app.ids import new_call_id, new_function_call_id, new_message_id
@@ -88,9 +88,9 @@ class OutputItems:
             out += self._close_open("completed")
             item = OutputItem(MESSAGE, new_message_id(), len(self.items))
             self.items.append(item)
-            out += events.message_opened(item.id, item.index)
+            out += event_payloads.message_opened(item.id, item.index)
         item.text += text
-        out.append(events.message_delta(item.id, item.index, text))
+        out.append(event_payloads.message_delta(item.id, item.index, text))
         return out
 
     def call_start(self, name: str) -> list[Event]:
@@ -105,7 +105,7 @@ class OutputItems:
             namespace=self.namespaces.get(name, ""),
         )
         self.items.append(item)
-        out.append(events.call_opened(item.id, item.index, item.call_id, name, item.namespace))
+        out.append(event_payloads.call_opened(item.id, item.index, item.call_id, name, item.namespace))
         return out
 
     def call_arguments(self, delta: str) -> list[Event]:
@@ -113,7 +113,7 @@ class OutputItems:
         if not delta or item is None or item.type != FUNCTION_CALL:
             return []
         item.arguments += delta
-        return [events.call_arguments_delta(item.id, item.index, delta)]
+        return [event_payloads.call_arguments_delta(item.id, item.index, delta)]
 
     def call_end(self, arguments: str) -> list[Event]:
         """The call is written: ``arguments`` is its whole JSON text (the deltas joined, or more when the
@@ -124,7 +124,9 @@ class OutputItems:
         out = self.call_arguments(arguments[len(item.arguments) :]) if arguments.startswith(item.arguments) else []
         item.arguments = arguments
         item.done, item.status = True, "completed"
-        out += events.call_closed(item.id, item.index, item.call_id, item.name, arguments, "completed", item.namespace)
+        out += event_payloads.call_closed(
+            item.id, item.index, item.call_id, item.name, arguments, "completed", item.namespace
+        )
         return out
 
     def finish(self, status: str) -> list[Event]:
@@ -137,8 +139,10 @@ class OutputItems:
             return []
         item.done, item.status = True, status
         if item.type == MESSAGE:
-            return events.message_closed(item.id, item.index, item.text, status)
-        return events.call_closed(item.id, item.index, item.call_id, item.name, item.arguments, status, item.namespace)
+            return event_payloads.message_closed(item.id, item.index, item.text, status)
+        return event_payloads.call_closed(
+            item.id, item.index, item.call_id, item.name, item.arguments, status, item.namespace
+        )
 
     def output(self, open_status: str = "completed") -> list[dict[str, Any]]:
         """The items as the response shows them; one still open gets ``open_status``."""

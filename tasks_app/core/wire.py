@@ -15,7 +15,7 @@ from tasks_app.generation.sampling_in_force import sampling_in_force
 from tasks_app.states import ResponseStatus, TaskStatus
 
 if TYPE_CHECKING:
-    # Only types: models imports the event vocabulary, which builds these shapes.
+    # Only types: the shapes are built from rows the caller read.
     from tasks_app.models import Response, Task
 
 

@@ -22,6 +22,7 @@ from typing import Any
 from django.conf import settings
 
 from tasks_app.model_layouts import GENAI_CONFIG
+from tasks_app.models import ModelRecord
 
 GENERATION_CONFIG = "generation_config.json"
 # What the worker samples with when neither the request nor the model says anything.
@@ -65,9 +66,6 @@ def model_defaults(model: str) -> dict[str, Any]:
 
 
 def _read_defaults(model: str) -> dict[str, Any]:
-    # Imported here: models imports the event vocabulary, which builds response objects with this module.
-    from tasks_app.models import ModelRecord
-
     path = ModelRecord.objects.filter(name=model).values_list("path", flat=True).first()
     if path is None:
         return {}

@@ -28,19 +28,11 @@ import redis
 from django.conf import settings
 from kombu.exceptions import KombuError
 
-from lmsp_project.celery import app
+# The task names are set with the app (its beat schedule names them); callers take them from here.
+from lmsp_project.celery import CLEANUP_TASK, REAP_TASK, RUN_TASK, SWEEP_TASK, app  # noqa: F401  (re-exported)
 from tasks_app.plumbing.notify import key, redis_client
 
 logger = logging.getLogger(__name__)
-
-RUN_TASK = "lmsp.run_task"
-"""Runs one task: its only argument is the task id."""
-SWEEP_TASK = "lmsp.sweep_queued"
-"""Re-sends waiting tasks whose message may be lost."""
-REAP_TASK = "lmsp.reap_abandoned"
-"""Applies the restart policy to tasks whose worker stopped reporting."""
-CLEANUP_TASK = "lmsp.cleanup"
-"""Deletes what retention no longer keeps."""
 
 # What the broker's client raises when it cannot reach Redis.
 UNREACHABLE = (KombuError, OSError, redis.RedisError)

@@ -37,6 +37,7 @@ from django.db import DatabaseError, InterfaceError, OperationalError
 from django.db.backends.signals import connection_created
 
 from tasks_app.exceptions import DatabaseBusy
+from tasks_app.metrics.counters import database_unavailable_count, database_unavailable_seconds_add
 
 logger = logging.getLogger("tasks_app.database")
 
@@ -280,12 +281,8 @@ def outage_watch_install() -> None:
 
 
 def _count(process: str, reason: Unavailable) -> None:
-    from tasks_app.metrics.prometheus import database_unavailable_count
-
     database_unavailable_count(process=process, reason=reason.value)
 
 
 def _count_seconds(process: str, seconds: float) -> None:
-    from tasks_app.metrics.prometheus import database_unavailable_seconds_add
-
     database_unavailable_seconds_add(process=process, seconds=seconds)

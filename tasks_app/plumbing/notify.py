@@ -20,7 +20,7 @@ from django.conf import settings
 from django.db import transaction
 
 from tasks_app import states
-from tasks_app.metrics.prometheus import task_finished_count
+from tasks_app.metrics.counters import task_finished_count
 
 logger = logging.getLogger(__name__)
 

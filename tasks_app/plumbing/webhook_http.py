@@ -1,7 +1,7 @@
 """One webhook attempt over HTTP: the target rule, the address check, the signature and the signed POST.
 
 Nothing here touches the database: the deliverer's sender threads run only
-this (``tasks_app.services.webhooks`` claims and records around it).
+this (``tasks_app.services.webhook_delivery`` claims and records around it).
 
 The target rule (docs/webhooks.md, "Targets"): an absolute ``http`` or
 ``https`` URL with a host and no credentials. Unless

@@ -58,7 +58,7 @@ from tasks_app import states
 from tasks_app.core import lifecycle
 from tasks_app.core.lifecycle import RecoveryMove
 from tasks_app.exceptions import DatabaseBusy, ServerRestarted
-from tasks_app.metrics.prometheus import recovery_error_count
+from tasks_app.metrics.counters import recovery_error_count
 from tasks_app.models import Task
 from tasks_app.plumbing import broker
 from tasks_app.plumbing.db_locks import is_database_unavailable, lock_wait, stale_before

@@ -11,7 +11,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandParser
 
 from tasks_app.plumbing.database_outages import outage_process_set
-from tasks_app.services.webhooks import webhook_deliveries_run
+from tasks_app.services.webhook_delivery import webhook_deliveries_run
 
 logger = logging.getLogger("tasks_app.webhooks")
 
