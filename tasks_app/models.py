@@ -2,7 +2,7 @@
 
 Status columns are only ever written by ``tasks_app.core.lifecycle``; nothing here
 overrides ``save()`` or reacts to signals. The statuses, their groups and the
-event types are ``tasks_app.states`` and ``tasks_app.core.events``.
+event types are ``tasks_app.states`` and ``tasks_app.events``.
 """
 
 from __future__ import annotations
@@ -10,8 +10,7 @@ from __future__ import annotations
 from django.db import models
 from django.db.models import F, Q
 
-from tasks_app import states
-from tasks_app.core import events
+from tasks_app import events, states
 from tasks_app.fields import EventPayloadField, JSONTextField
 from tasks_app.model_layouts import LAYOUT_GENAI, LAYOUT_ONNX_COMMUNITY, LAYOUT_OPTIMUM, LAYOUT_OPTIMUM_MERGED
 from tasks_app.states import ResponseStatus, RestartPolicy, TaskStatus

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks_app.core.events import EventType
+from tasks_app.events import EventType
 
 # No database of the pass here: the PostgreSQL pass of scripts/test leaves these out (tests/conftest.py).
 pytestmark = pytest.mark.database_free
@@ -115,7 +115,7 @@ def test_event_type_strings_live_in_the_events_module():
     found = [
         where(path, node)
         for path, tree in sources()
-        if path != REPO / "tasks_app" / "core" / "events.py"
+        if path != REPO / "tasks_app" / "events.py"
         for node in ast.walk(tree)
         if isinstance(node, ast.Constant) and node.value in types
     ]
@@ -182,3 +182,203 @@ def test_starting_a_web_or_worker_process_imports_no_inference_library():
     env = {**os.environ, "DATABASE_URL": "sqlite:///:memory:"}
     shown = subprocess.run([sys.executable, "-c", probe], cwd=REPO, env=env, capture_output=True, text=True, check=True)
     assert shown.stdout.strip() == "[]"
+
+
+# --------------------------------------------------------------------------- #
+# The wings, and which way they import (docs/architecture.md)
+# --------------------------------------------------------------------------- #
+
+# tasks_app's top level: the data model and its vocabulary, which every wing may read.
+DATA_MODULES = {"models", "states", "fields", "ids", "exceptions", "model_layouts", "faults", "events", "db"}
+# What each wing may import, besides itself. The protocol adapters (the edge, LMSP's own API, the OpenAI
+# surface, the admin, the commands, the project's wiring) stand on the rest and may use each other; nothing
+# below them imports one, the core imports no service, the generation spec knows no protocol and the runtimes
+# know neither tasks nor protocols.
+BELOW = {
+    "data": set(),
+    "generation": {"data"},
+    "metrics": {"data", "plumbing"},
+    "plumbing": {"data", "metrics", "project"},
+    "registry": {"data"},
+    "core": {"data", "generation", "plumbing"},
+    "selectors": {"data", "core", "generation", "plumbing"},
+    "services": {"data", "core", "generation", "plumbing", "metrics", "selectors", "registry"},
+    "runtime": set(),
+    "worker": {"data", "core", "generation", "plumbing", "metrics", "selectors", "services", "runtime"},
+}
+ADAPTERS = {"edge", "api", "openai", "admin", "commands", "app", "project"}
+# project: lmsp_project's settings, URLs and servers; plumbing's broker owns the one Celery app it defines.
+
+
+def module_name(path: Path) -> str:
+    name = ".".join(path.relative_to(REPO).with_suffix("").parts)
+    return name.removesuffix(".__init__")
+
+
+def wing_of(module: str) -> str:
+    parts = module.split(".")
+    if parts[0] == "lmsp_project":
+        return "project"
+    if parts[0] == "workers":
+        return "runtime" if parts[1:2] == ["backends"] else "worker"
+    if parts[0] == "fixture_models":
+        return "fixtures"
+    if len(parts) == 1 or parts[1] == "apps":
+        return "app"
+    if parts[1] in DATA_MODULES:
+        return "data"
+    return {"management": "commands"}.get(parts[1], parts[1])
+
+
+def imported_modules(path: Path, tree: ast.Module, known: set[str]) -> Iterator[tuple[ast.AST, str]]:
+    """Every module of ours that ``path`` imports, at any depth (a function's import too), named as the
+    longest known module it reaches (``from tasks_app.core import lifecycle`` is ``tasks_app.core.lifecycle``)."""
+    package = module_name(path).split(".")
+    if path.name != "__init__.py":
+        package = package[:-1]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join([*package[: len(package) - node.level + 1], *([base] if base else [])])
+            targets = [f"{base}.{alias.name}" for alias in node.names]
+        else:
+            continue
+        for target in targets:
+            parts = target.split(".")
+            while parts and ".".join(parts) not in known:
+                parts.pop()
+            if parts:
+                yield node, ".".join(parts)
+
+
+def import_graph() -> tuple[dict[str, set[str]], dict[tuple[str, str], str]]:
+    parsed = [(path, tree) for path, tree in sources() if not path.is_relative_to(REPO / "fixture_models")]
+    known = {module_name(path) for path, _ in parsed}
+    graph: dict[str, set[str]] = {module_name(path): set() for path, _ in parsed}
+    lines: dict[tuple[str, str], str] = {}
+    for path, tree in parsed:
+        source = module_name(path)
+        for node, target in imported_modules(path, tree, known):
+            if target != source:
+                graph[source].add(target)
+                lines.setdefault((source, target), where(path, node))
+    return graph, lines
+
+
+def test_each_wing_imports_only_the_wings_below_it():
+    graph, lines = import_graph()
+    found = []
+    for source, targets in graph.items():
+        wing = wing_of(source)
+        if wing in ADAPTERS:
+            continue
+        allowed = BELOW[wing] | {wing}
+        found += [f"{lines[source, t]} ({wing} -> {wing_of(t)})" for t in sorted(targets) if wing_of(t) not in allowed]
+    assert found == []
+
+
+def test_the_adapters_are_the_only_wings_outside_the_table():
+    graph, _ = import_graph()
+    assert {wing_of(module) for module in graph} <= set(BELOW) | ADAPTERS
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm, iteratively)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph.get(child, ())))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def test_no_import_cycle_even_through_a_function_level_import():
+    graph, _ = import_graph()
+    assert cycles(graph) == []
+
+
+def test_the_cycle_finder_sees_a_cycle_and_an_import_inside_a_function(tmp_path):
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+    tree = ast.parse("def f():\n    from tasks_app.core import lifecycle\n")
+    found = list(imported_modules(REPO / "tasks_app" / "x.py", tree, {"tasks_app.core.lifecycle"}))
+    assert [target for _, target in found] == ["tasks_app.core.lifecycle"]
+
+
+# A module past this is doing several jobs (issue 42): carve it by its concerns instead.
+MAX_MODULE_LINES = 600
+
+
+def test_no_module_of_tasks_app_or_workers_is_longer_than_a_reader_can_hold():
+    found = [
+        f"{path.relative_to(REPO)}: {lines} lines"
+        for path, _ in sources()
+        if path.is_relative_to(REPO / "tasks_app") or path.is_relative_to(REPO / "workers")
+        if (lines := len(path.read_text().splitlines())) > MAX_MODULE_LINES
+    ]
+    assert found == []
+
+
+# A Responses or Chat request's own field names: the adapters translate them into the generation spec, and
+# nothing that runs a task reads them (the worker, the runtimes, the generation wing past the spec itself).
+REQUEST_FIELDS = {
+    "input",
+    "instructions",
+    "tool_choice",
+    "parallel_tool_calls",
+    "previous_response_id",
+    "max_output_tokens",
+    "max_tokens",
+    "max_completion_tokens",
+    "truncation",
+    "response_format",
+    "prompt_cache_key",
+    "messages",
+}
+
+
+def test_the_worker_and_the_runtimes_read_the_spec_not_the_request():
+    found = [
+        f"{where(path, node)} {node.value!r}"
+        for path, tree in sources()
+        if path.is_relative_to(REPO / "workers") or path.is_relative_to(REPO / "tasks_app" / "generation")
+        if path != REPO / "tasks_app" / "generation" / "spec.py"  # the spec's own stored form
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and node.value in REQUEST_FIELDS
+    ]
+    assert found == []

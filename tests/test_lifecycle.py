@@ -303,7 +303,8 @@ def test_a_batch_of_deltas_costs_a_fixed_number_of_queries(new_task, django_asse
 @pytest.mark.database_free
 @pytest.mark.parametrize("text", ["", "plain", 'quote " and \\ backslash', "ünïcödé ✓ 🙂", "\n\t\x00"])
 def test_an_event_encoded_before_its_number_is_the_same_bytes_as_one_encoded_with_it(text):
-    from tasks_app.core import event_payloads, events
+    from tasks_app import events
+    from tasks_app.core import event_payloads
 
     built = [
         *event_payloads.message_opened("msg_1", 0),

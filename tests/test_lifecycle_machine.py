@@ -27,8 +27,8 @@ from hypothesis import HealthCheck, configuration, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
 
-from tasks_app import states
-from tasks_app.core import events, lifecycle
+from tasks_app import events, states
+from tasks_app.core import lifecycle
 from tasks_app.core.lifecycle import Partial, RecoveryMove, TransitionResult
 from tasks_app.exceptions import (
     BackendError,

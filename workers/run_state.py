@@ -6,10 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from tasks_app.core.events import Event
 from tasks_app.core.lifecycle import Partial
 from tasks_app.core.output_items import OutputItems
 from tasks_app.core.wire import usage_object
+from tasks_app.events import Event
 from tasks_app.generation.tool_call_parser import (
     CALL_ARGUMENTS,
     CALL_END,

@@ -13,8 +13,8 @@ from typing import Any, TypeVar
 from drf_spectacular.utils import OpenApiExample, OpenApiParameter, OpenApiResponse, extend_schema
 
 from tasks_app import exceptions as exc
-from tasks_app.core.events import TERMINAL, EventType
 from tasks_app.edge.stream_cursor import MAX_CURSOR
+from tasks_app.events import TERMINAL, EventType
 from tasks_app.services.idempotency import MAX_KEY_LENGTH
 
 F = TypeVar("F", bound=Callable[..., Any])

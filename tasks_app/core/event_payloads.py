@@ -1,6 +1,6 @@
 """The payloads of a task's events, one builder per event, in the order a run writes them.
 
-The vocabulary (event types, ``Event``, the encoder) is ``tasks_app.core.events``;
+The vocabulary (event types, ``Event``, the encoder) is ``tasks_app.events``;
 the builders are apart because they build wire shapes (``tasks_app.core.wire``)
 from the models' rows: ``tasks_app.models`` imports the vocabulary for its
 constraints, and so must not import what builds response objects.
@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from tasks_app.core.events import E, Event, EventType
 from tasks_app.core.wire import function_call_item, message_item, output_text_part, response_object
+from tasks_app.events import E, Event, EventType
 from tasks_app.states import ResponseStatus
 
 if TYPE_CHECKING:

@@ -30,12 +30,13 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from tasks_app.core import event_payloads, events, output_items
-from tasks_app.core.events import Event
+from tasks_app import events
+from tasks_app.core import event_payloads, output_items
 from tasks_app.core.log_rows import events_insert
 from tasks_app.core.recovery_moves import RecoveryBatch, RecoveryMove, tasks_recover
 from tasks_app.core.transitions import MOVES, TransitionResult, Write, write_apply, writes_apply
 from tasks_app.core.wire import message_item
+from tasks_app.events import Event
 from tasks_app.exceptions import TransitionNotAllowed
 from tasks_app.ids import new_response_id, new_task_id
 from tasks_app.models import Client, Response, Task, TaskType

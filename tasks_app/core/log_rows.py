@@ -11,9 +11,8 @@ from typing import Any
 
 from django.db import connection
 
-from tasks_app import states
-from tasks_app.core import events
-from tasks_app.core.events import Event
+from tasks_app import events, states
+from tasks_app.events import Event
 from tasks_app.models import Task, TaskEvent, TaskSnapshot
 
 

@@ -19,10 +19,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from django.db.models import F
+
 from tasks_app.core import event_payloads
-from tasks_app.core.events import Event, EventType
 from tasks_app.core.wire import function_call_item, message_item
+from tasks_app.events import Event, EventType
 from tasks_app.ids import new_call_id, new_function_call_id, new_message_id
+from tasks_app.models import TaskEvent
 
 MESSAGE = "message"
 FUNCTION_CALL = "function_call"
@@ -219,3 +222,37 @@ def shown_text(output: Sequence[Mapping[str, Any]] | None) -> str:
                 "".join(p.get("text", "") for p in item.get("content") or () if p.get("type") == "output_text")
             )
     return "\n".join(shown)
+
+
+def task_output_items(*, task_id: str) -> list[OutputItem]:
+    """The current attempt's output items as its committed events show them (messages and calls)."""
+    return task_outputs_items(task_ids=[task_id]).get(task_id, [])
+
+
+def task_outputs_items(*, task_ids: Sequence[str]) -> dict[str, list[OutputItem]]:
+    """:func:`task_output_items` of many tasks in two queries: ``{task id: items}``.
+
+    Tasks whose current attempt opened no output item (claimed, then
+    cancelled or failed before its start) are left out, even when an earlier
+    attempt opened one: that output was dropped when the task ran again.
+    """
+    if not task_ids:
+        return {}
+    added = TaskEvent.objects.filter(
+        task_id__in=task_ids, type=EventType.OUTPUT_ITEM_ADDED, sequence_number__gt=F("task__attempt_after")
+    )
+    first_of: dict[str, int] = {}
+    for task_id, sequence in added.values_list("task_id", "sequence_number"):
+        first_of[task_id] = min(sequence, first_of.get(task_id, sequence))
+    if not first_of:
+        # None opened an item (claimed, then cancelled or failed before its start): no output to read.
+        return {}
+    payloads: dict[str, list[str]] = {task_id: [] for task_id in first_of}
+    # The earliest opening bounds every task's events, so the index skips older attempts' output.
+    rows = TaskEvent.objects.filter(
+        task_id__in=list(first_of), type__in=FOLDED, sequence_number__gte=min(first_of.values())
+    ).order_by("task_id", "sequence_number")
+    for task_id, sequence, payload in rows.values_list("task_id", "sequence_number", "payload").iterator():
+        if sequence >= first_of[task_id]:
+            payloads[task_id].append(payload)
+    return {task_id: fold(task_payloads) for task_id, task_payloads in payloads.items()}

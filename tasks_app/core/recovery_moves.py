@@ -23,12 +23,12 @@ from django.utils import timezone
 from tasks_app import faults, states
 from tasks_app.core import event_payloads, output_items
 from tasks_app.core.log_rows import event_row
+from tasks_app.core.output_items import task_outputs_items
 from tasks_app.core.webhook_outbox import TaskEnd, webhook_deliveries_enqueue
 from tasks_app.exceptions import TransitionNotAllowed
 from tasks_app.models import Response, Task, TaskEvent, TaskSnapshot
 from tasks_app.plumbing.db_locks import busy_as_unavailable
 from tasks_app.plumbing.notify import tasks_changed_on_commit
-from tasks_app.selectors.tasks import task_outputs_items
 from tasks_app.states import ResponseStatus, TaskStatus
 
 S = TaskStatus

@@ -30,11 +30,10 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from tasks_app import faults, states
-from tasks_app.core import events
-from tasks_app.core.events import Event
+from tasks_app import events, faults, states
 from tasks_app.core.log_rows import events_insert, snapshot_encoded, snapshots_keep
 from tasks_app.core.webhook_outbox import TaskEnd, webhook_deliveries_enqueue
+from tasks_app.events import Event
 from tasks_app.exceptions import TaskNotFound, TransitionNotAllowed
 from tasks_app.models import Response, Task, TaskEvent
 from tasks_app.plumbing.db_locks import busy_as_unavailable, write_clock

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hmac
-from dataclasses import dataclass
 
 from django.contrib.auth import get_user
 from django.http import HttpRequest
@@ -13,6 +12,7 @@ from rest_framework.request import Request
 
 from tasks_app.exceptions import InsufficientScope, Unauthorized
 from tasks_app.models import Client
+from tasks_app.selectors.tasks import StreamReader
 from tasks_app.services.clients import client_touch, token_digest
 from tasks_app.services.stream_tokens import stream_token_verify
 
@@ -70,16 +70,6 @@ class HasRequiredScopes(BasePermission):
         if missing:
             raise InsufficientScope(f"This endpoint needs the scope {', '.join(missing)!s}")
         return True
-
-
-@dataclass(frozen=True)
-class StreamReader:
-    """Who reads an event stream: a client (bearer or stream token) or a staff session."""
-
-    client: Client | None = None
-    # A stream token grants one task only.
-    only_task_id: str | None = None
-    staff: bool = False
 
 
 def stream_reader_authenticate(request: HttpRequest) -> StreamReader:

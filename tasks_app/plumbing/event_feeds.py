@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from django.conf import settings
 
-from tasks_app.core import events
+from tasks_app import events
 from tasks_app.models import TaskEvent
 from tasks_app.plumbing.database_outages import database_unavailable_noted
 from tasks_app.plumbing.dbpool import run_db, run_db_through_outages

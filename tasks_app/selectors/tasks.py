@@ -4,14 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django.db.models import Count, F, Q, QuerySet
 
 from tasks_app import states
 from tasks_app.core import output_items
-from tasks_app.core.events import EventType
+from tasks_app.core.output_items import task_output_items, task_outputs_items
 from tasks_app.core.wire import Live
+from tasks_app.events import EventType
 from tasks_app.exceptions import (
     EventHistoryExpired,
     InvalidRequest,
@@ -24,9 +25,6 @@ from tasks_app.generation.spec import GenerationSpec
 from tasks_app.models import Client, ModelRecord, Response, Task, TaskEvent, TaskSnapshot
 from tasks_app.plumbing.querying import status_in
 from tasks_app.states import TaskStatus
-
-if TYPE_CHECKING:
-    from tasks_app.edge.auth import StreamReader
 
 
 def _sees_all(client: Client) -> bool:
@@ -109,6 +107,16 @@ def task_queue_positions(*, task_ids: Sequence[str]) -> dict[str, int]:
     ahead = {f"ahead_{index}": Count("id", filter=Q(id__lt=task_id)) for index, task_id in enumerate(ordered)}
     counts = Task.objects.filter(status_in([TaskStatus.QUEUED]), id__lt=ordered[-1]).aggregate(**ahead)
     return {task_id: counts[f"ahead_{index}"] + 1 for index, task_id in enumerate(ordered)}
+
+
+@dataclass(frozen=True)
+class StreamReader:
+    """Who reads an event stream: a client (bearer or stream token) or a staff session."""
+
+    client: Client | None = None
+    # A stream token grants one task only.
+    only_task_id: str | None = None
+    staff: bool = False
 
 
 def task_get_streamable(*, reader: StreamReader, task_id: str | None = None, response_id: str | None = None) -> Task:
@@ -298,40 +306,6 @@ def task_output_text(*, task_id: str) -> tuple[str | None, str]:
     items = task_outputs_items(task_ids=[task_id]).get(task_id, [])
     message = next((item for item in items if item.type == output_items.MESSAGE), None)
     return (message.id, message.text) if message is not None else (None, "")
-
-
-def task_output_items(*, task_id: str) -> list[output_items.OutputItem]:
-    """The current attempt's output items as its committed events show them (messages and calls)."""
-    return task_outputs_items(task_ids=[task_id]).get(task_id, [])
-
-
-def task_outputs_items(*, task_ids: Sequence[str]) -> dict[str, list[output_items.OutputItem]]:
-    """:func:`task_output_items` of many tasks in two queries: ``{task id: items}``.
-
-    Tasks whose current attempt opened no output item (claimed, then
-    cancelled or failed before its start) are left out, even when an earlier
-    attempt opened one: that output was dropped when the task ran again.
-    """
-    if not task_ids:
-        return {}
-    added = TaskEvent.objects.filter(
-        task_id__in=task_ids, type=EventType.OUTPUT_ITEM_ADDED, sequence_number__gt=F("task__attempt_after")
-    )
-    first_of: dict[str, int] = {}
-    for task_id, sequence in added.values_list("task_id", "sequence_number"):
-        first_of[task_id] = min(sequence, first_of.get(task_id, sequence))
-    if not first_of:
-        # None opened an item (claimed, then cancelled or failed before its start): no output to read.
-        return {}
-    payloads: dict[str, list[str]] = {task_id: [] for task_id in first_of}
-    # The earliest opening bounds every task's events, so the index skips older attempts' output.
-    rows = TaskEvent.objects.filter(
-        task_id__in=list(first_of), type__in=output_items.FOLDED, sequence_number__gte=min(first_of.values())
-    ).order_by("task_id", "sequence_number")
-    for task_id, sequence, payload in rows.values_list("task_id", "sequence_number", "payload").iterator():
-        if sequence >= first_of[task_id]:
-            payloads[task_id].append(payload)
-    return {task_id: output_items.fold(task_payloads) for task_id, task_payloads in payloads.items()}
 
 
 def task_outputs_text(*, task_ids: Sequence[str]) -> dict[str, tuple[str, str]]:

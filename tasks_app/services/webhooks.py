@@ -17,7 +17,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from tasks_app.core import events
+from tasks_app import events
 from tasks_app.core.webhook_outbox import TaskEnd, webhook_event_payload
 from tasks_app.exceptions import InvalidRequest, WebhookTestFailed
 from tasks_app.ids import (

@@ -19,8 +19,8 @@ from typing import Any
 
 from django.db.models import Count
 
-from tasks_app.core import events
-from tasks_app.core.events import EventType
+from tasks_app import events
+from tasks_app.events import EventType
 from tasks_app.models import Client, IdempotencyKey, Response, Task, TaskEvent, TaskSnapshot, WebhookDelivery
 from tasks_app.states import ResponseStatus, RestartPolicy, TaskStatus
 

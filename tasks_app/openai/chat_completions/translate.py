@@ -15,9 +15,9 @@ from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from tasks_app.core.events import EventType
 from tasks_app.core.output_items import FUNCTION_CALL, has_function_calls
 from tasks_app.core.wire import usage_shown
+from tasks_app.events import EventType
 from tasks_app.exceptions import (
     InvalidRequest,
     LmspError,
