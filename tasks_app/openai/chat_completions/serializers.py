@@ -23,7 +23,7 @@ from tasks_app.edge.strict_json import (
     StrictSerializer,
     documented_as,
 )
-from tasks_app.openai import surface as request_surface
+from tasks_app.openai import surface
 from tasks_app.openai.responses.serializers import (
     MAX_REPETITION_PENALTY,
     MAX_SEED,
@@ -135,18 +135,18 @@ class ChatFunctionSerializer(StrictSerializer):
 
 
 class ChatToolSerializer(StrictSerializer):
-    type = StrictChoiceField(choices=(request_surface.FUNCTION_TOOL,))
+    type = StrictChoiceField(choices=(surface.FUNCTION_TOOL,))
     function = ChatFunctionSerializer()
 
     def to_internal_value(self, data: Any) -> Any:
-        request_surface.tool_type_check(data)
+        surface.tool_type_check(data)
         return super().to_internal_value(data)
 
 
 @extend_schema_field(
     {
         "oneOf": [
-            {"type": "string", "enum": list(request_surface.TOOL_CHOICE_MODES)},
+            {"type": "string", "enum": list(surface.TOOL_CHOICE_MODES)},
             {
                 "type": "object",
                 "required": ["type", "function"],
@@ -175,7 +175,7 @@ class ChatToolChoiceField(serializers.Field):
     """``none``, ``auto``, ``required``, or ``{"type": "function", "function": {"name": ...}}``."""
 
     def to_internal_value(self, data: Any) -> Any:
-        if isinstance(data, str) and data in request_surface.TOOL_CHOICE_MODES:
+        if isinstance(data, str) and data in surface.TOOL_CHOICE_MODES:
             return data
         if (
             isinstance(data, dict)
@@ -206,7 +206,7 @@ class JsonSchemaFormatSerializer(StrictSerializer):
 
 class ResponseFormatSerializer(StrictSerializer):
     type = StrictChoiceField(
-        choices=request_surface.TEXT_FORMAT_TYPES,
+        choices=surface.TEXT_FORMAT_TYPES,
         help_text="`json_object` and `json_schema` are enforced by constrained decoding (docs/structured-output.md).",
     )
     json_schema = JsonSchemaFormatSerializer(required=False)
@@ -309,9 +309,7 @@ class ChatCompletionRequestSerializer(StrictSerializer):
     prompt_cache_key = StrictCharField(
         required=False, allow_null=True, allow_blank=True, max_length=512, trim_whitespace=False
     )
-    prompt_cache_retention = StrictChoiceField(
-        choices=request_surface.PROMPT_CACHE_RETENTIONS, required=False, allow_null=True
-    )
+    prompt_cache_retention = StrictChoiceField(choices=surface.PROMPT_CACHE_RETENTIONS, required=False, allow_null=True)
     prompt_cache_options = LooseObjectField(required=False, allow_null=True)
     metadata = MetadataField(required=False, allow_null=True)
     store = documented_as(StrictBooleanField, {"type": "boolean", "enum": [False]})(
@@ -321,23 +319,23 @@ class ChatCompletionRequestSerializer(StrictSerializer):
         required=False, allow_null=True, help_text="Only false: log probabilities are not returned."
     )
     top_logprobs = documented_as(StrictIntegerField, {"type": "integer", "minimum": 0, "maximum": 0})(
-        required=False, allow_null=True, min_value=0, max_value=request_surface.MAX_TOP_LOGPROBS
+        required=False, allow_null=True, min_value=0, max_value=surface.MAX_TOP_LOGPROBS
     )
     logit_bias = documented_as(LooseObjectField, {"type": "object", "maxProperties": 0})(
         required=False, allow_null=True, help_text="Only `{}`: biases are not applied."
     )
     reasoning_effort = StrictChoiceField(
-        choices=request_surface.REASONING_EFFORTS,
+        choices=surface.REASONING_EFFORTS,
         required=False,
         allow_null=True,
         help_text="Accepted: the models served here do not reason.",
     )
     verbosity = documented_as(StrictChoiceField, {"type": "string", "enum": ["medium"]})(
-        choices=request_surface.VERBOSITIES, required=False, allow_null=True
+        choices=surface.VERBOSITIES, required=False, allow_null=True
     )
-    service_tier = documented_as(
-        StrictChoiceField, {"type": "string", "enum": list(request_surface.ACCEPTED_SERVICE_TIERS)}
-    )(choices=request_surface.SERVICE_TIERS, required=False, allow_null=True)
+    service_tier = documented_as(StrictChoiceField, {"type": "string", "enum": list(surface.ACCEPTED_SERVICE_TIERS)})(
+        choices=surface.SERVICE_TIERS, required=False, allow_null=True
+    )
     modalities = documented_as(serializers.ListField, {"type": "array", "items": {"type": "string", "enum": ["text"]}})(
         child=StrictCharField(), required=False, allow_null=True
     )

@@ -25,9 +25,9 @@ from tasks_app.exceptions import (
     UnsupportedParameter,
     with_sdk_error,
 )
-from tasks_app.openai import surface as request_surface
+from tasks_app.openai import surface
 from tasks_app.openai import text_format as text_formats
-from tasks_app.openai import tools as tool_calls
+from tasks_app.openai import tools as offered_tools
 from tasks_app.states import ResponseStatus
 
 CHAT_ID_PREFIX = "chatcmpl-"
@@ -81,7 +81,7 @@ def chat_request_to_response(data: Mapping[str, Any]) -> ChatRequest:
         request["tools"] = [{"type": "function", **tool["function"]} for tool in data["tools"]]
     if data.get("tool_choice") is not None:
         request["tool_choice"] = _tool_choice(data["tool_choice"])
-    tool_calls.tools_check(request, chat=True)
+    offered_tools.tools_check(request, chat=True)
     text_format = text_formats.chat_response_format_as_text_format(data.get("response_format"))
     if text_format is not None:
         request["text"] = {"format": text_format}
@@ -103,7 +103,7 @@ def _tool_choice(choice: Any) -> Any:
     allowed = choice.get("allowed_tools")
     if (
         not isinstance(allowed, Mapping)
-        or allowed.get("mode") not in (tool_calls.AUTO, tool_calls.REQUIRED)
+        or allowed.get("mode") not in (offered_tools.AUTO, offered_tools.REQUIRED)
         or not isinstance(allowed.get("tools"), list)
         or not all(isinstance(tool, Mapping) and isinstance(tool.get("function"), Mapping) for tool in allowed["tools"])
     ):
@@ -127,7 +127,7 @@ def _refuse_what_is_missing(data: Mapping[str, Any]) -> None:
         ("verbosity", data.get("verbosity") not in (None, "medium"), "no verbosity control; use 'medium'"),
         (
             "service_tier",
-            data.get("service_tier") not in (None, *request_surface.ACCEPTED_SERVICE_TIERS),
+            data.get("service_tier") not in (None, *surface.ACCEPTED_SERVICE_TIERS),
             "one queue serves every request; use 'auto' or 'default'",
         ),
     )

@@ -1,7 +1,7 @@
 """The ``input`` of a response request (PROFILE.md section 3): content parts and input items, shapes only.
 
 What an item or a part asks for that the service does not do is decided in
-``tasks_app/openai/surface.py`` (``request_surface``); here only the shapes.
+``tasks_app/openai/surface.py``; here only the shapes.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from tasks_app.edge.strict_json import (
     validated_by,
 )
 from tasks_app.exceptions import UnsupportedParameter
-from tasks_app.openai import surface as request_surface
+from tasks_app.openai import surface
 
 ROLES = ("user", "system", "developer", "assistant")
 TEXT_PART_TYPES = ("input_text", "output_text")
@@ -83,7 +83,7 @@ class RefusalPartSerializer(StrictSerializer):
 def _text_part(index: int, data: Any, path: str) -> dict[str, str]:
     """A content part as ``{"type", "text"}``: a refusal's text is what the assistant said."""
     kind = data.get("type") if isinstance(data, Mapping) else None
-    if kind in request_surface.REFUSED_PART_TYPES:
+    if kind in surface.REFUSED_PART_TYPES:
         raise UnsupportedParameter(
             f"{path}[{index}].type: {kind} parts are not supported (text only)", param=f"{path}[{index}].type"
         )
@@ -144,7 +144,7 @@ class FunctionCallItemSerializer(StrictSerializer):
 
 
 class ReasoningItemSerializer(StrictSerializer):
-    """An earlier turn's reasoning echoed back: checked, then left out of the context (request_surface)."""
+    """An earlier turn's reasoning echoed back: checked, then left out of the context (``tasks_app.openai.surface``)."""
 
     type = StrictChoiceField(choices=("reasoning",))
     id = StrictCharField(required=False, allow_blank=True, max_length=200, trim_whitespace=False)
@@ -181,27 +181,25 @@ _ITEM_SERIALIZERS = {
 
 def input_item(index: int, data: Any, path: str = "input") -> dict[str, Any] | None:
     """One input item in our stored shape: no ``id``/``status``, content parts as ``{"type", "text"}``;
-    None for an item that is checked and left out of the context (``request_surface.SKIPPED_ITEM_TYPES``)."""
+    None for an item that is checked and left out of the context (``surface.SKIPPED_ITEM_TYPES``)."""
     if not isinstance(data, Mapping):
         raise serializers.ValidationError("must be an object")
     kind = data.get("type", "message")
     if not isinstance(kind, str):
         raise serializers.ValidationError({"type": ["must be a string"]})
-    if kind in request_surface.REFUSED_ITEM_TYPES:
+    if kind in surface.REFUSED_ITEM_TYPES:
         raise UnsupportedParameter(
             f"{path}[{index}].type: {kind} items are not supported here", param=f"{path}[{index}].type"
         )
     serializer_class = _ITEM_SERIALIZERS.get(kind)
     if serializer_class is None:
-        raise serializers.ValidationError(
-            {"type": [f"must be one of {', '.join(request_surface.SUPPORTED_ITEM_TYPES)}"]}
-        )
+        raise serializers.ValidationError({"type": [f"must be one of {', '.join(surface.SUPPORTED_ITEM_TYPES)}"]})
     fields = {"content": MessageContentField(path=f"{path}[{index}].content")} if kind == "message" else {}
     serializer = serializer_class(data=data)
     serializer.fields.update(fields)
     if not serializer.is_valid():
         raise serializers.ValidationError(serializer.errors)
-    if kind in request_surface.SKIPPED_ITEM_TYPES:
+    if kind in surface.SKIPPED_ITEM_TYPES:
         return None
     item = dict(serializer.validated_data)
     item.pop("id", None)

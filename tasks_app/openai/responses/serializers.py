@@ -25,7 +25,7 @@ from tasks_app.edge.strict_json import (
     StrictSerializer,
     documented_as,
 )
-from tasks_app.openai import surface as request_surface
+from tasks_app.openai import surface
 from tasks_app.openai.responses.input_items import ResponseInputField
 from tasks_app.openai.responses.tool_serializers import FORMAT_NAME, ResponseToolsField, ToolChoiceField
 from tasks_app.states import RestartPolicy
@@ -113,7 +113,7 @@ class TopPField(StrictFloatField):
 
 class TextFormatSerializer(StrictSerializer):
     type = StrictChoiceField(
-        choices=request_surface.TEXT_FORMAT_TYPES,
+        choices=surface.TEXT_FORMAT_TYPES,
         help_text="`json_object` and `json_schema` are enforced by constrained decoding (docs/structured-output.md).",
     )
     name = StrictCharField(
@@ -132,14 +132,14 @@ class TextConfigSerializer(StrictSerializer):
 
     format = TextFormatSerializer(required=False)
     verbosity = documented_as(StrictChoiceField, {"type": "string", "enum": ["medium"]})(
-        choices=request_surface.VERBOSITIES, required=False, allow_null=True
+        choices=surface.VERBOSITIES, required=False, allow_null=True
     )
 
 
 class ReasoningSerializer(StrictSerializer):
-    effort = StrictChoiceField(choices=request_surface.REASONING_EFFORTS, required=False, allow_null=True)
-    summary = StrictChoiceField(choices=request_surface.REASONING_SUMMARIES, required=False, allow_null=True)
-    generate_summary = StrictChoiceField(choices=request_surface.REASONING_SUMMARIES, required=False, allow_null=True)
+    effort = StrictChoiceField(choices=surface.REASONING_EFFORTS, required=False, allow_null=True)
+    summary = StrictChoiceField(choices=surface.REASONING_SUMMARIES, required=False, allow_null=True)
+    generate_summary = StrictChoiceField(choices=surface.REASONING_SUMMARIES, required=False, allow_null=True)
 
 
 class StreamOptionsSerializer(StrictSerializer):
@@ -148,14 +148,14 @@ class StreamOptionsSerializer(StrictSerializer):
 
 class BackgroundOptionsSerializer(StrictSerializer):
     completion_window = documented_as(StrictChoiceField, {"type": "string", "enum": ["soonest"]})(
-        choices=request_surface.COMPLETION_WINDOWS, required=False
+        choices=surface.COMPLETION_WINDOWS, required=False
     )
     continuation_id = StrictCharField(required=False, allow_blank=True, max_length=512)
 
 
 class ImageOptionsSerializer(StrictSerializer):
     context_compression = documented_as(StrictChoiceField, {"type": "string", "enum": ["auto", "disabled"]})(
-        choices=request_surface.IMAGE_COMPRESSIONS, required=False
+        choices=surface.IMAGE_COMPRESSIONS, required=False
     )
 
 
@@ -225,7 +225,7 @@ class ResponseRequestSerializer(StrictSerializer):
     )
     text = TextConfigSerializer(required=False, allow_null=True)
     truncation = StrictChoiceField(
-        choices=request_surface.TRUNCATIONS,
+        choices=surface.TRUNCATIONS,
         required=False,
         allow_null=True,
         help_text="`disabled` (default): a prompt that leaves no room for output fails with "
@@ -234,7 +234,7 @@ class ResponseRequestSerializer(StrictSerializer):
     )
     include = documented_as(
         serializers.ListField,
-        {"type": "array", "items": {"type": "string", "enum": list(request_surface.ACCEPTED_INCLUDES)}},
+        {"type": "array", "items": {"type": "string", "enum": list(surface.ACCEPTED_INCLUDES)}},
     )(
         child=StrictCharField(max_length=200),
         required=False,
@@ -247,7 +247,7 @@ class ResponseRequestSerializer(StrictSerializer):
         required=False,
         allow_null=True,
         min_value=0,
-        max_value=request_surface.MAX_TOP_LOGPROBS,
+        max_value=surface.MAX_TOP_LOGPROBS,
         help_text="Only 0: log probabilities are not returned.",
     )
     user = StrictCharField(required=False, allow_null=True, allow_blank=True, max_length=512, trim_whitespace=False)
@@ -257,14 +257,10 @@ class ResponseRequestSerializer(StrictSerializer):
     prompt_cache_key = StrictCharField(
         required=False, allow_null=True, allow_blank=True, max_length=512, trim_whitespace=False
     )
-    prompt_cache_retention = StrictChoiceField(
-        choices=request_surface.PROMPT_CACHE_RETENTIONS, required=False, allow_null=True
-    )
+    prompt_cache_retention = StrictChoiceField(choices=surface.PROMPT_CACHE_RETENTIONS, required=False, allow_null=True)
     prompt_cache_options = LooseObjectField(required=False, allow_null=True, help_text="A hint: accepted.")
-    service_tier = documented_as(
-        StrictChoiceField, {"type": "string", "enum": list(request_surface.ACCEPTED_SERVICE_TIERS)}
-    )(
-        choices=request_surface.SERVICE_TIERS,
+    service_tier = documented_as(StrictChoiceField, {"type": "string", "enum": list(surface.ACCEPTED_SERVICE_TIERS)})(
+        choices=surface.SERVICE_TIERS,
         required=False,
         allow_null=True,
         help_text="One queue serves every request: `auto` and `default` only.",

@@ -1,7 +1,7 @@
 """``tools`` and ``tool_choice`` of a response request (PROFILE.md 10.4, docs/tools.md), shapes only.
 
 Which tools are offered, refused or accepted and never called is decided in
-``tasks_app/openai/surface.py`` (``request_surface``); here only the shapes.
+``tasks_app/openai/surface.py``; here only the shapes.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from tasks_app.edge.strict_json import (
     validated_by,
 )
 from tasks_app.exceptions import UnsupportedParameter
-from tasks_app.openai import surface as request_surface
+from tasks_app.openai import surface
 
 MAX_TOOLS = 128
 
@@ -35,7 +35,7 @@ FORMAT_NAME = RegexValidator(r"^[a-zA-Z0-9_-]{1,64}\Z", "letters, digits, _ and 
 class FunctionToolSerializer(StrictSerializer):
     """A function tool in the Responses shape."""
 
-    type = StrictChoiceField(choices=(request_surface.FUNCTION_TOOL,))
+    type = StrictChoiceField(choices=(surface.FUNCTION_TOOL,))
     name = StrictCharField(min_length=1, max_length=64, trim_whitespace=False, validators=[FORMAT_NAME])
     description = StrictCharField(required=False, allow_null=True, allow_blank=True, trim_whitespace=False)
     parameters = LooseObjectField(required=False, allow_null=True)
@@ -45,7 +45,7 @@ class FunctionToolSerializer(StrictSerializer):
 class NamespaceToolSerializer(StrictSerializer):
     """Function tools grouped under a name (OpenAI's ``namespace`` tool; Codex CLI's ``multi_agent_v1``)."""
 
-    type = StrictChoiceField(choices=(request_surface.NAMESPACE_TOOL,))
+    type = StrictChoiceField(choices=(surface.NAMESPACE_TOOL,))
     name = StrictCharField(min_length=1, max_length=64, trim_whitespace=False, validators=[FORMAT_NAME])
     description = StrictCharField(required=False, allow_null=True, allow_blank=True, trim_whitespace=False)
     tools = serializers.JSONField()
@@ -59,7 +59,7 @@ _FUNCTION_TOOL_SCHEMA = {
     "type": "object",
     "required": ["type", "name"],
     "properties": {
-        "type": {"type": "string", "enum": [request_surface.FUNCTION_TOOL]},
+        "type": {"type": "string", "enum": [surface.FUNCTION_TOOL]},
         "name": {"type": "string", "pattern": "^[a-zA-Z0-9_-]{1,64}$"},
         "description": {"type": ["string", "null"]},
         "parameters": {"type": ["object", "null"]},
@@ -80,7 +80,7 @@ _FUNCTION_TOOL_SCHEMA = {
                     "type": "object",
                     "required": ["type", "name", "tools"],
                     "properties": {
-                        "type": {"type": "string", "enum": [request_surface.NAMESPACE_TOOL]},
+                        "type": {"type": "string", "enum": [surface.NAMESPACE_TOOL]},
                         "name": {"type": "string", "pattern": "^[a-zA-Z0-9_-]{1,64}$"},
                         "description": {"type": ["string", "null"]},
                         "tools": {"type": "array", "minItems": 1, "items": _FUNCTION_TOOL_SCHEMA},
@@ -90,7 +90,7 @@ _FUNCTION_TOOL_SCHEMA = {
                 {
                     "type": "object",
                     "required": ["type"],
-                    "properties": {"type": {"type": "string", "enum": list(request_surface.HOSTED_TOOL_TYPES)}},
+                    "properties": {"type": {"type": "string", "enum": list(surface.HOSTED_TOOL_TYPES)}},
                     "description": "A hosted tool: accepted under `tool_choice` `auto` or `none`, never called.",
                 },
             ]
@@ -112,14 +112,14 @@ class ResponseToolsField(serializers.Field):
 
     def _tool(self, path: str, data: Any, *, nested: bool = False) -> dict[str, Any]:
         kind = data.get("type") if isinstance(data, Mapping) else None
-        if kind == request_surface.CUSTOM_TOOL:
+        if kind == surface.CUSTOM_TOOL:
             raise UnsupportedParameter(
                 f"{path}.type: custom (freeform grammar) tools are not supported; offer a function tool",
                 param=f"{path}.type",
             )
-        if kind in request_surface.HOSTED_TOOL_TYPES and not nested:
+        if kind in surface.HOSTED_TOOL_TYPES and not nested:
             return dict(data)
-        if kind == request_surface.NAMESPACE_TOOL and not nested:
+        if kind == surface.NAMESPACE_TOOL and not nested:
             namespace = validated_by(NamespaceToolSerializer, data)
             functions = namespace["tools"]
             if not isinstance(functions, list) or not functions:
@@ -131,13 +131,13 @@ class ResponseToolsField(serializers.Field):
             except serializers.ValidationError as error:
                 raise serializers.ValidationError({"tools": error.detail}) from None
             return namespace
-        if kind == request_surface.FUNCTION_TOOL:
+        if kind == surface.FUNCTION_TOOL:
             return validated_by(FunctionToolSerializer, data)
-        if kind in request_surface.HOSTED_TOOL_TYPES:
+        if kind in surface.HOSTED_TOOL_TYPES:
             raise UnsupportedParameter(f"{path}.type: a namespace holds function tools only", param=f"{path}.type")
         if not isinstance(data, Mapping):
             raise serializers.ValidationError("must be an object")
-        kinds = ("function",) if nested else ("function", "namespace", *request_surface.HOSTED_TOOL_TYPES)
+        kinds = ("function",) if nested else ("function", "namespace", *surface.HOSTED_TOOL_TYPES)
         raise serializers.ValidationError({"type": [f"must be one of {', '.join(kinds)}"]})
 
     def to_representation(self, value: Any) -> Any:
@@ -147,7 +147,7 @@ class ResponseToolsField(serializers.Field):
 @extend_schema_field(
     {
         "oneOf": [
-            {"type": "string", "enum": list(request_surface.TOOL_CHOICE_MODES)},
+            {"type": "string", "enum": list(surface.TOOL_CHOICE_MODES)},
             {
                 "type": "object",
                 "required": ["type", "name"],
@@ -175,8 +175,8 @@ class ToolChoiceField(serializers.Field):
 
     def to_internal_value(self, data: Any) -> Any:
         if isinstance(data, str):
-            if data not in request_surface.TOOL_CHOICE_MODES:
-                raise serializers.ValidationError(f"must be one of {', '.join(request_surface.TOOL_CHOICE_MODES)}")
+            if data not in surface.TOOL_CHOICE_MODES:
+                raise serializers.ValidationError(f"must be one of {', '.join(surface.TOOL_CHOICE_MODES)}")
             return data
         if not isinstance(data, dict):
             raise serializers.ValidationError("must be a string or an object")
@@ -191,7 +191,7 @@ class ToolChoiceField(serializers.Field):
             and isinstance(data["tools"], list)
         ):
             return data
-        if kind in request_surface.REFUSED_TOOL_TYPES:
+        if kind in surface.REFUSED_TOOL_TYPES:
             raise UnsupportedParameter(f"tool_choice: {kind} is a hosted tool", param="tool_choice")
         raise serializers.ValidationError(
             "must be {'type': 'function', 'name': ...} or {'type': 'allowed_tools', 'mode': ..., 'tools': [...]}"
