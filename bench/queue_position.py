@@ -52,6 +52,7 @@ def main() -> None:
 
     from tasks_app.ids import new_response_id, new_task_id
     from tasks_app.models import ModelRecord, Response, Task
+    from tasks_app.openai.responses.translate import generation_spec_of
     from tasks_app.selectors import tasks as selectors
     from tasks_app.services.clients import client_create
     from tasks_app.services.responses import response_start
@@ -91,7 +92,12 @@ def main() -> None:
     queued_responses = []
     for _ in range(args.queued):
         started_response = response_start(
-            client=client, request=request, idempotency_key=None, request_hash=None, background=True
+            client=client,
+            request=request,
+            spec=generation_spec_of(request),
+            idempotency_key=None,
+            request_hash=None,
+            background=True,
         )
         queued_responses.append(started_response.answer.body["id"])
     fill_seconds = time.perf_counter() - started

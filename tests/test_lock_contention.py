@@ -32,7 +32,7 @@ from tests.support.db import database_url, raw_connection
 from tests.support.demo import ENDLESS_MODEL, ENDLESS_TAG
 from tests.support.namespace import REDIS_PREFIX
 from tests.support.server import uvicorn_process
-from tests.support.specs import spec_json
+from tests.support.specs import spec_json, spec_of
 from tests.support.sse import call_with_headers
 from tests.support.waiting import wait_until
 from tests.support.worker import celery_worker, kill_process_group, maintenance_queue, process_stopped
@@ -164,7 +164,12 @@ def test_a_writer_frozen_inside_its_commit_costs_the_other_rows_nothing_they_com
     def create(policy: str) -> str:
         request = {"model": ENDLESS_MODEL, "input": "Tell me a long story", "max_output_tokens": 3000}
         reply = task_create(
-            client=client, request=request, on_restart=policy, idempotency_key=f"k-{policy}", request_hash="h"
+            client=client,
+            request=request,
+            spec=spec_of(request),
+            on_restart=policy,
+            idempotency_key=f"k-{policy}",
+            request_hash="h",
         )
         return reply.body["id"]
 
@@ -239,7 +244,14 @@ def test_a_worker_frozen_between_commits_past_the_timeout_is_reaped_and_its_late
     # and a task that succeeded is never reaped.
     long_body = {**BODY["input"], "model": ENDLESS_MODEL, "max_output_tokens": 4000}
     with celery_worker(env=lab_env, queue=lab_env["LMSP_TASK_QUEUE"], log_path=tmp_path / "worker.log") as worker:
-        task = task_create(client=client, request=long_body, on_restart="fail", idempotency_key=None, request_hash=None)
+        task = task_create(
+            client=client,
+            request=long_body,
+            spec=spec_of(long_body),
+            on_restart="fail",
+            idempotency_key=None,
+            request_hash=None,
+        )
         task_id = task.body["id"]
         pid = _running_pid(task_id, worker)
         os.kill(pid, signal.SIGSTOP)

@@ -69,6 +69,7 @@ def create_tasks(database_url: str, client_id: int, count: int, barrier: Any, re
     from tasks_app.models import Client
     from tasks_app.services.tasks import task_create
     from tasks_app.states import RestartPolicy
+    from tests.support.specs import spec_of
 
     client = Client.objects.get(pk=client_id)
     barrier.wait()
@@ -76,7 +77,12 @@ def create_tasks(database_url: str, client_id: int, count: int, barrier: Any, re
     for index in range(count):
         request = {"model": "demo", "input": f"prompt {index}"}
         reply = task_create(
-            client=client, request=request, on_restart=RestartPolicy.FAIL, idempotency_key=None, request_hash=None
+            client=client,
+            request=request,
+            spec=spec_of(request),
+            on_restart=RestartPolicy.FAIL,
+            idempotency_key=None,
+            request_hash=None,
         )
         created.append(reply.body["id"])
     results.put(created)
