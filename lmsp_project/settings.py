@@ -112,6 +112,8 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     # One access line per request, whatever answers it (tasks_app/edge/access_log.py).
     "tasks_app.edge.access_log.AccessLogMiddleware",
+    # Under another protocol's routes, every problem below in that protocol's error shape (LMSP_ERROR_SHAPES).
+    "tasks_app.edge.error_shapes.ProtocolErrorShapeMiddleware",
     # A foreign Host header is a 400 problem before anything reads the host.
     "tasks_app.edge.hosts.AllowedHostMiddleware",
     # Next, so oversized bodies are refused before anything reads them.
@@ -314,6 +316,15 @@ LMSP_CLEANUP_BATCH_SIZE = _env_int("LMSP_CLEANUP_BATCH_SIZE", 500)
 LMSP_MAX_REQUEST_BYTES = _env_int("LMSP_MAX_REQUEST_BYTES", 1024 * 1024)
 # Tasks allowed to wait in `queued` at once; more -> 429 queue_full.
 LMSP_MAX_QUEUED_TASKS = _env_int("LMSP_MAX_QUEUED_TASKS", 10_000)
+# The routes whose errors another protocol's clients read, and the adapter function that shapes them
+# (tasks_app/edge/error_shapes.py): the problem object in, that protocol's status and body out.
+LMSP_ERROR_SHAPES = {
+    "/lmsp/v1/messages": "tasks_app.anthropic.errors.anthropic_error",
+    "/api/": "tasks_app.ollama.errors.ollama_error",
+}
+# Ollama's clients often cannot send a token (docs/ollama.md): the name of a client whose scopes a request to
+# /api/... from a loopback address without an Authorization header gets. Empty (the default): a token is needed.
+LMSP_OLLAMA_ANONYMOUS = os.environ.get("LMSP_OLLAMA_ANONYMOUS", "").strip()
 LMSP_QUEUE_FULL_RETRY_AFTER_SECONDS = _env_int("LMSP_QUEUE_FULL_RETRY_AFTER_SECONDS", 5)
 # The last-used time of a client is written at most this often, so that
 # authenticated reads do not each cost a write on SQLite.

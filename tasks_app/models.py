@@ -13,7 +13,7 @@ from django.db.models import F, Q
 from tasks_app import events, states
 from tasks_app.fields import EventPayloadField, JSONTextField
 from tasks_app.model_layouts import LAYOUT_GENAI, LAYOUT_ONNX_COMMUNITY, LAYOUT_OPTIMUM, LAYOUT_OPTIMUM_MERGED
-from tasks_app.states import ResponseStatus, RestartPolicy, TaskStatus
+from tasks_app.states import Protocol, ResponseStatus, RestartPolicy, TaskStatus
 
 
 class TaskType(models.TextChoices):
@@ -150,6 +150,12 @@ class Response(models.Model):
     client = models.ForeignKey(Client, on_delete=models.PROTECT, related_name="responses")
     model = models.CharField(max_length=200)
     status = models.CharField(max_length=20, choices=ResponseStatus.choices, default=ResponseStatus.QUEUED)
+    protocol = models.CharField(
+        max_length=20,
+        choices=Protocol.choices,
+        default=Protocol.LMSP,
+        help_text="The protocol the request came in (the shape of request)",
+    )
     request = JSONTextField(help_text="The validated response request, as its client sent it")
     generation = JSONTextField(
         null=True,
@@ -160,6 +166,9 @@ class Response(models.Model):
     usage = JSONTextField(null=True, blank=True)
     error = JSONTextField(null=True, blank=True)
     incomplete_details = JSONTextField(null=True, blank=True)
+    stop_sequence = JSONTextField(
+        null=True, blank=True, help_text="The request's stop string that ended the output (a string), if one did"
+    )
     metadata = JSONTextField(default=dict, blank=True)
     created_at = models.DateTimeField()
     updated_at = models.DateTimeField()
@@ -168,6 +177,7 @@ class Response(models.Model):
         db_table = "responses"
         constraints = [
             models.CheckConstraint(condition=Q(status__in=ResponseStatus.values), name="response_status_valid"),
+            models.CheckConstraint(condition=Q(protocol__in=Protocol.values), name="response_protocol_valid"),
         ]
 
     def __str__(self) -> str:

@@ -42,6 +42,20 @@ class RestartPolicy(models.TextChoices):
     """An unfinished task found at startup continues from its snapshot."""
 
 
+class Protocol(models.TextChoices):
+    """The protocol a response's request came in: the shape of ``Response.request``.
+
+    ``lmsp``: LMSP's own response request (``POST /responses``, a task's
+    ``input``, and a Chat Completions request translated into it); the
+    response object echoes it. Any other: the request as that protocol's
+    client sent it; the response object echoes its generation spec.
+    """
+
+    LMSP = "lmsp", "LMSP / OpenAI"
+    ANTHROPIC = "anthropic", "Anthropic Messages"
+    OLLAMA = "ollama", "Ollama"
+
+
 class ResponseStatus(models.TextChoices):
     QUEUED = "queued", "queued"
     """The response waits for its task to start."""

@@ -15,7 +15,7 @@ from django.conf import settings
 
 from tasks_app.generation import structured_output, tool_calls
 from tasks_app.generation.spec import GenerationSpec
-from workers.backends.base import LoadedModel, Prompt, PromptTurn, SamplingParams, ToolPrompt
+from workers.backends.base import LoadedModel, Prompt, PromptTurn, SamplingParams, TemplateSource, ToolPrompt
 
 
 def prompt_of(spec: GenerationSpec) -> Prompt:
@@ -55,7 +55,7 @@ def sampler_values_of(spec: GenerationSpec) -> SamplingParams:
     )
 
 
-def tool_format_of(model: LoadedModel, model_name: str) -> tool_calls.ToolFormat:
+def tool_format_of(model: TemplateSource, model_name: str) -> tool_calls.ToolFormat:
     """The model's tool-call family: set for it (``LMSP_TOOL_FORMATS``), else read off its template."""
     chosen = settings.LMSP_TOOL_FORMATS.get(model_name) or settings.LMSP_TOOL_FORMATS.get(model_name.split(":")[0])
     if chosen:
@@ -63,7 +63,7 @@ def tool_format_of(model: LoadedModel, model_name: str) -> tool_calls.ToolFormat
     return tool_calls.tool_format_of_template(model.chat_template_source)
 
 
-def tool_prompt_of(spec: GenerationSpec, model: LoadedModel, model_name: str) -> ToolPrompt | None:
+def tool_prompt_of(spec: GenerationSpec, model: TemplateSource, model_name: str) -> ToolPrompt | None:
     """How the spec's tools reach the prompt: through the template, or as a system instruction."""
     shown = tool_calls.template_tools(spec)
     if not shown:

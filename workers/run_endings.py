@@ -188,6 +188,7 @@ def succeed(run: Run) -> str:
         usage=run_usage(generation),
         output_tokens=generation.output_tokens,
         incomplete=incomplete,
+        stop_sequence=generation.stop_sequence,
     )
     if not done.won:
         return after_lost_race(run, done)
@@ -216,6 +217,7 @@ def succeed_with_items(run: Run, tools: ToolRun, incomplete: bool) -> str:
         usage=run_usage(generation),
         output_tokens=generation.output_tokens,
         incomplete=incomplete,
+        stop_sequence=generation.stop_sequence,
         items=tools.items,
         item_events=tools.pending_events,
     )

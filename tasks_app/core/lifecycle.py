@@ -40,7 +40,7 @@ from tasks_app.events import Event
 from tasks_app.exceptions import TransitionNotAllowed
 from tasks_app.ids import new_response_id, new_task_id
 from tasks_app.models import Client, Response, Task, TaskType
-from tasks_app.states import ResponseStatus, RestartPolicy, TaskStatus
+from tasks_app.states import Protocol, ResponseStatus, RestartPolicy, TaskStatus
 
 # The lifecycle's names, whichever of its modules holds them: callers use ``lifecycle.<name>``.
 __all__ = [
@@ -101,11 +101,13 @@ def task_insert(
     on_restart: RestartPolicy = RestartPolicy.FAIL,
     metadata: Mapping[str, str] | None = None,
     notify_webhooks: bool = False,
+    protocol: Protocol = Protocol.LMSP,
 ) -> Task:
     """Create a queued task, its response and event 0 (``response.created``).
 
-    ``request`` is kept as the client sent it (its echo, its replay);
-    ``generation`` is the generation spec translated from it, all a worker reads.
+    ``request`` is kept as the client sent it (its echo, its replay), in
+    ``protocol``'s shape; ``generation`` is the generation spec translated
+    from it, all a worker reads.
 
     Runs in the caller's transaction when there is one, so that the caller can
     commit the idempotency record with it. ``notify_webhooks``: the task's end
@@ -121,6 +123,7 @@ def task_insert(
             client=client,
             model=model,
             status=ResponseStatus.QUEUED,
+            protocol=protocol,
             request=dict(request),
             generation=dict(generation),
             metadata=dict(metadata or {}),
@@ -291,11 +294,13 @@ def task_succeed(
     incomplete: bool = False,
     items: output_items.OutputItems | None = None,
     item_events: Sequence[Event] = (),
+    stop_sequence: str | None = None,
 ) -> TransitionResult:
     """``running -> succeeded``: the last deltas, the three ``*.done`` events and the terminal one.
 
     ``text`` is the whole output (the committed deltas and ``deltas``);
-    ``incomplete`` means the run stopped at ``max_output_tokens``. A run that
+    ``incomplete`` means the run stopped at ``max_output_tokens``; ``stop_sequence``
+    is the request's stop string that ended it, if one did. A run that
     may call tools passes its ``items`` (all closed) and the ``item_events``
     not yet committed instead of ``text`` and ``deltas``.
     """
@@ -314,6 +319,7 @@ def task_succeed(
         "output": output,
         "usage": dict(usage) if usage is not None else None,
         "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
+        "stop_sequence": stop_sequence,
     }
     write = Write(
         MOVES["task_succeed"],

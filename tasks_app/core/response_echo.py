@@ -14,6 +14,60 @@ from typing import Any
 FUNCTION_TOOL = "function"
 
 
+def spec_request(generation: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A stored generation spec as the LMSP request that asks for it: what the response object of a request
+    that came in another protocol echoes (its own shape stays in ``Response.request``, for its adapter)."""
+    if not generation:
+        return {}
+    sampling = generation.get("sampling") or {}
+    choice = generation.get("tool_choice") or {}
+    tools = generation.get("tools") or []
+    constraint = generation.get("constraint")
+    echoed: dict[str, Any] = {
+        "instructions": generation.get("system"),
+        "max_output_tokens": generation.get("max_output_tokens"),
+        **{
+            key: sampling[key]
+            for key in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "seed")
+            if key in sampling
+        },
+        **{key: sampling[key] for key in ("frequency_penalty", "presence_penalty") if key in sampling},
+    }
+    if generation.get("stops"):
+        echoed["stop"] = list(generation["stops"])
+    if tools:
+        echoed["tools"] = [
+            {
+                "type": FUNCTION_TOOL,
+                "name": tool["name"],
+                "description": tool.get("description"),
+                "parameters": tool.get("parameters"),
+                "strict": True,
+            }
+            for tool in tools
+        ]
+        mode = choice.get("mode", "auto")
+        allowed = choice.get("allowed") or []
+        if mode == "required" and len(allowed) == 1 and len(tools) > 1:
+            echoed["tool_choice"] = {"type": FUNCTION_TOOL, "name": allowed[0]}
+        else:
+            echoed["tool_choice"] = mode
+        echoed["parallel_tool_calls"] = choice.get("parallel", True)
+    if constraint is not None:
+        if constraint.get("kind") == "json_schema":
+            echoed["text"] = {
+                "format": {
+                    "type": "json_schema",
+                    "name": constraint.get("name") or "output",
+                    "schema": constraint.get("schema"),
+                    "strict": constraint.get("strict", True),
+                }
+            }
+        else:
+            echoed["text"] = {"format": {"type": "json_object"}}
+    return echoed
+
+
 def response_echo(request: Mapping[str, Any]) -> dict[str, Any]:
     """The accepted fields as the response object shows them, OpenAI's defaults where the request left them.
 

@@ -10,9 +10,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from tasks_app.core.response_echo import response_echo
+from tasks_app.core.response_echo import response_echo, spec_request
 from tasks_app.generation.sampling_in_force import sampling_in_force
-from tasks_app.states import ResponseStatus, TaskStatus
+from tasks_app.states import Protocol, ResponseStatus, TaskStatus
 
 if TYPE_CHECKING:
     # Only types: the shapes are built from rows the caller read.
@@ -50,7 +50,8 @@ def response_object(response: Response, live: Live | None = None) -> dict[str, A
     Every member OpenAI's and the Open Responses schema require is there with
     the value in force (PROFILE.md 10.1; tests/test_response_schema.py).
     """
-    request = response.request
+    # Another protocol's request is not in LMSP's shape: its spec is what the object echoes.
+    request = response.request if response.protocol == Protocol.LMSP else spec_request(response.generation)
     output = live.output if live is not None and live.output is not None else response.output
     in_force = sampling_in_force(response.model, request)
     finished = response.status in _FINISHED

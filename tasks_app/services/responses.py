@@ -34,7 +34,7 @@ from tasks_app.models import Client, IdempotencyKey, IdempotencyState, Response,
 from tasks_app.services.conversations import conversation_continuation
 from tasks_app.services.idempotency import idempotency_claim_if_keyed, idempotency_complete
 from tasks_app.services.tasks import Reply, task_accept, task_cancel
-from tasks_app.states import RestartPolicy
+from tasks_app.states import Protocol, RestartPolicy
 
 RESPONSES_ENDPOINT = "responses"
 # The stored reply of a streamed request names the task whose events it was.
@@ -67,9 +67,13 @@ def response_start(
     stream: bool = False,
     background: bool = False,
     on_restart: RestartPolicy = RestartPolicy.FAIL,
+    protocol: Protocol = Protocol.LMSP,
+    endpoint: str = RESPONSES_ENDPOINT,
 ) -> ResponseStarted:
     """Accept a response request as a task, or find what an earlier request with its key started.
 
+    ``protocol`` names the shape of ``request`` (another protocol's adapter
+    passes its own, and its ``endpoint`` scopes its idempotency keys).
     Returns only after the commit (``durable=True``: never inside another
     transaction), so the task a caller then waits for, streams or (background)
     is told about is durable.
@@ -88,7 +92,7 @@ def response_start(
     with transaction.atomic(durable=True):
         claim = idempotency_claim_if_keyed(
             client=client,
-            endpoint=RESPONSES_ENDPOINT,
+            endpoint=endpoint,
             key=idempotency_key,
             request_hash=request_hash,
             settle=_settle_orphaned,
@@ -105,6 +109,7 @@ def response_start(
             on_restart=on_restart,
             notify_webhooks=background,
             continuation=continuation,
+            protocol=protocol,
         )
         task = accepted.task
         answer = None

@@ -31,7 +31,7 @@ from tasks_app.selectors.tasks import model_get_by_name
 from tasks_app.services.conversations import Continuation, conversation_continuation
 from tasks_app.services.dispatch import task_dispatch_on_commit
 from tasks_app.services.idempotency import IdempotencyClaim, idempotency_claim_if_keyed, idempotency_complete
-from tasks_app.states import RestartPolicy, TaskStatus
+from tasks_app.states import Protocol, RestartPolicy, TaskStatus
 
 TASKS_ENDPOINT = "tasks"
 
@@ -70,12 +70,14 @@ def task_accept(
     on_restart: RestartPolicy,
     notify_webhooks: bool = False,
     continuation: Continuation | None = None,
+    protocol: Protocol = Protocol.LMSP,
 ) -> Accepted:
     """Insert a queued task for ``request`` and dispatch it once the caller's transaction commits.
 
     Shared by ``POST /tasks`` and ``POST /responses``; must run in a transaction.
     ``notify_webhooks``: its end goes to the client's webhook endpoints (docs/webhooks.md);
     ``spec``: the request's generation spec, which the task stores beside it;
+    ``protocol``: the shape ``request`` is in (``Protocol``);
     ``continuation``: the conversation the spec continues (``conversation_continuation``):
     its refusal is raised here, after the caller's idempotency key had its say; its turns are copied
     into the task's spec, before its own; the worker that ran the response before gets the task if it has room
@@ -107,6 +109,7 @@ def task_accept(
         on_restart=on_restart,
         metadata=request.get("metadata") or {},
         notify_webhooks=notify_webhooks,
+        protocol=protocol,
     )
     task_dispatch_on_commit(
         task_id=task.id,

@@ -201,6 +201,8 @@ class Generation(Protocol):
     """Tokens sampled so far (an end-of-sequence token counts)."""
     finish_reason: str | None
     """One of the ``FINISH_*`` values once iteration ended, else None."""
+    stop_sequence: str | None
+    """The stop string that ended the output (``finish_reason`` stop); None otherwise."""
 
     def __iter__(self) -> Iterator[Step]: ...
 
@@ -232,6 +234,12 @@ class ToolPrompt:
     """Give them as JSON text in the system message's ``tools`` (Phi-4-mini's template reads them there)."""
     instruction: str | None = None
     """A system text that offers them instead, for a template that knows no tools."""
+
+
+class TemplateSource(Protocol):
+    """What reads a model's tool-call family: its chat template's text (None without a template)."""
+
+    chat_template_source: str | None
 
 
 class LoadedModel(Protocol):

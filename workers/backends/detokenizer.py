@@ -94,16 +94,19 @@ class StopFilter:
         self.held = held
         self.released_chars = released_chars
         self.stopped = False
+        self.matched: str | None = None
+        """The stop string that ended the text (the one that showed up first), once ``stopped``."""
 
     def push(self, text: str) -> str:
         """Feed new text; returns what is now safe to release."""
         if self.stopped:
             return ""
         buffer = self.held + text
-        hits = [i for i in (buffer.find(s) for s in self.stops) if i >= 0]
+        hits = sorted((i, n, s) for n, s in enumerate(self.stops) if (i := buffer.find(s)) >= 0)
         if hits:
+            at, _, self.matched = hits[0]
             self.stopped = True
-            out, self.held = buffer[: min(hits)], ""
+            out, self.held = buffer[:at], ""
         else:
             cut = max(len(buffer) - self._hold, 0)
             out, self.held = buffer[:cut], buffer[cut:]

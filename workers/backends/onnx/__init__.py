@@ -51,13 +51,35 @@ The modules, in the order a load and a generation use them:
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from workers.backends.onnx.generation import OnnxGeneration
-from workers.backends.onnx.graph import GraphNames, GraphSpec
-from workers.backends.onnx.kv_decoder import KVDecoder
-from workers.backends.onnx.model import DEFAULT_PREFILL_CHUNK, OnnxModel
 from workers.backends.onnx.model_folder import MODEL_FILE
-from workers.backends.onnx.session import cuda_device_count
+
+if TYPE_CHECKING:
+    from workers.backends.onnx.generation import OnnxGeneration
+    from workers.backends.onnx.graph import GraphNames, GraphSpec
+    from workers.backends.onnx.kv_decoder import KVDecoder
+    from workers.backends.onnx.model import OnnxModel
+
+# What loads ONNX Runtime is imported when first named: a web process counts prompts with this package's
+# tokenizer and template (``prompt_text``) and never needs the runtime (docs/decisions/0014).
+_LAZY = {
+    "OnnxGeneration": "workers.backends.onnx.generation",
+    "GraphNames": "workers.backends.onnx.graph",
+    "GraphSpec": "workers.backends.onnx.graph",
+    "KVDecoder": "workers.backends.onnx.kv_decoder",
+    "OnnxModel": "workers.backends.onnx.model",
+    "DEFAULT_PREFILL_CHUNK": "workers.backends.onnx.model",
+    "cuda_device_count": "workers.backends.onnx.session",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(_LAZY[name]), name)
 
 
 class OnnxRuntimeBackend:
@@ -66,9 +88,11 @@ class OnnxRuntimeBackend:
     name = "onnxruntime"
 
     def __init__(
-        self, *, prefill_chunk: int = DEFAULT_PREFILL_CHUNK, intra_op_threads: int | None = None, spinning: bool = False
+        self, *, prefill_chunk: int | None = None, intra_op_threads: int | None = None, spinning: bool = False
     ) -> None:
-        self.prefill_chunk = prefill_chunk
+        from workers.backends.onnx.model import DEFAULT_PREFILL_CHUNK
+
+        self.prefill_chunk = prefill_chunk or DEFAULT_PREFILL_CHUNK
         self.intra_op_threads = intra_op_threads
         self.spinning = spinning
 
@@ -94,6 +118,8 @@ class OnnxRuntimeBackend:
         loop cannot drive, or CUDA asked for but not really given.
         ``gpu_mem_limit`` caps each CUDA session's arena (bytes; None or 0: no cap).
         """
+        from workers.backends.onnx.model import OnnxModel
+
         return OnnxModel(
             Path(folder),
             graph=graph,

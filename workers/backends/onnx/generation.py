@@ -161,12 +161,18 @@ class OnnxGeneration:
         if finished in (FINISH_EOS, FINISH_STOP, FINISH_LENGTH):
             # Nothing is left to produce; resuming just reports the same end.
             generation.finish_reason = finished
+            generation._stop_filter.matched = snapshot.get("stop_sequence")
             generation._steps = iter(())
         return generation
 
     @property
     def output_tokens(self) -> int:
         return len(self.generated_ids)
+
+    @property
+    def stop_sequence(self) -> str | None:
+        """The request's stop string that ended the output; None if none did."""
+        return self._stop_filter.matched
 
     def __iter__(self) -> Iterator[Step]:
         if self._steps is None:
@@ -208,6 +214,7 @@ class OnnxGeneration:
             "released_chars": self._stop_filter.released_chars,
             "held_text": self._stop_filter.held,
             "finish_reason": self.finish_reason,
+            "stop_sequence": self._stop_filter.matched,
         }
         if with_prompt:
             state["prompt_ids"] = list(self.prompt_ids)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -18,11 +17,9 @@ from workers.backends.base import (
     SamplingParams,
     StopCheck,
     ToolPrompt,
-    prompt_messages,
 )
 from workers.backends.constraints import ConstraintTokenizer
 from workers.backends.errors import ModelLoadError
-from workers.backends.onnx.chat_template import ChatTemplate, tool_calls_as_text
 from workers.backends.onnx.engine import BatchEngine
 from workers.backends.onnx.generation import OnnxGeneration
 from workers.backends.onnx.graph import graph_spec, quantizes_per_call, uses_group_query_attention
@@ -31,17 +28,15 @@ from workers.backends.onnx.kv_decoder import KVDecoder
 from workers.backends.onnx.model_folder import (
     GENAI_CONFIG,
     MODEL_FILE,
-    context_length,
     eos_ids,
     genai_generation_config,
     genai_graph_names,
     graph_file,
-    load_tokenizer,
     read_json,
-    read_template,
     shape_hints,
 )
 from workers.backends.onnx.prefill_slices import DEFAULT_PREFILL_SHARE
+from workers.backends.onnx.prompt_text import PromptText
 from workers.backends.onnx.runtime import ModelRuntime
 from workers.backends.onnx.session import open_session
 from workers.backends.onnx.step_picks import StepPicks
@@ -50,23 +45,6 @@ from workers.backends.sampling.settings import SamplingDefaults
 log = logging.getLogger(__name__)
 
 DEFAULT_PREFILL_CHUNK = 512
-
-
-def _with_tools(
-    messages: list[dict[str, Any]], tools: ToolPrompt
-) -> tuple[list[dict[str, Any]], list[Mapping[str, Any]] | None]:
-    """The messages and the template's ``tools`` as the family takes them (see ``ToolPrompt``)."""
-    if tools.instruction is None and not tools.in_system:
-        return messages, list(tools.tools)
-    messages = [dict(m) for m in messages]
-    if not messages or messages[0]["role"] != "system":
-        messages.insert(0, {"role": "system", "content": ""})
-    system = messages[0]
-    if tools.instruction is not None:
-        system["content"] = "\n\n".join(part for part in (system["content"], tools.instruction) if part)
-        return messages, None
-    system["tools"] = json.dumps([tool["function"] for tool in tools.tools], ensure_ascii=False)
-    return messages, None
 
 
 class OnnxModel:
@@ -109,12 +87,11 @@ class OnnxModel:
             genai_generation_config(genai)
         )
         tokenizer_config = read_json(folder / "tokenizer_config.json", required=False)
-        self.tokenizer = load_tokenizer(folder)
-        template = read_template(folder, tokenizer_config)
-        self._template = ChatTemplate(template, folder, tokenizer_config) if template else None
-        self.chat_template_source = template or None
+        self.prompt_text = PromptText(folder)
+        self.tokenizer = self.prompt_text.tokenizer
+        self.chat_template_source = self.prompt_text.chat_template_source
         self.eos_token_ids = eos_ids(self.generation_config, self.config, tokenizer_config, self.tokenizer)
-        self.context_length = context_length(self.config, genai, folder)
+        self.context_length = self.prompt_text.context_length
         self.defaults = SamplingDefaults.from_generation_config(self.generation_config)
 
         limit = self.gpu_mem_limit
@@ -170,15 +147,8 @@ class OnnxModel:
     # -- prompts ------------------------------------------------------------
 
     def render_prompt(self, prompt: Prompt, *, dropped: int = 0, tools: ToolPrompt | None = None) -> str:
-        """The prompt as the text the model was trained on (its chat template, add_generation_prompt)."""
-        messages = prompt_messages(prompt, dropped=dropped)
-        shown = None
-        if tools is not None and tools.tools:
-            messages, shown = _with_tools(messages, tools)
-        if self._template is None:
-            flat = tool_calls_as_text(messages)
-            return "".join(f"{m['role']}: {m['content']}\n" for m in flat) + "assistant:"
-        return self._template.render(messages, tools=shown)
+        """The prompt as the text the model was trained on (``PromptText.render``)."""
+        return self.prompt_text.render(prompt, dropped=dropped, tools=tools)
 
     def single_token_ids(self, texts: Sequence[str]) -> dict[str, int]:
         found = {}
@@ -189,25 +159,8 @@ class OnnxModel:
         return found
 
     def prompt_ids(self, prompt: Prompt, *, tools: ToolPrompt | None = None) -> list[int]:
-        """Render the prompt with the chat template and tokenise it.
-
-        The template writes the special tokens itself, so the tokenizer adds
-        none (it still maps special-token text to its ids); without a template
-        the tokenizer's own post-processor adds what the model expects. A
-        prompt that leaves no room for output loses whole turns from the start
-        of the conversation, up to its ``droppable`` ones, until it fits (then
-        it fails as any prompt too long does).
-        """
-        ids = self._encode(prompt, 0, tools)
-        dropped = 0
-        while len(ids) >= self.context_length and dropped < prompt.droppable:
-            dropped += 1
-            ids = self._encode(prompt, dropped, tools)
-        return ids
-
-    def _encode(self, prompt: Prompt, dropped: int, tools: ToolPrompt | None = None) -> list[int]:
-        text = self.render_prompt(prompt, dropped=dropped, tools=tools)
-        return list(self.tokenizer.encode(text, add_special_tokens=self._template is None).ids)
+        """The prompt's token ids, whole turns dropped where it allows until it fits (``PromptText.ids``)."""
+        return self.prompt_text.ids(prompt, tools=tools)
 
     @functools.cached_property
     def special_token_ids(self) -> frozenset[int]:

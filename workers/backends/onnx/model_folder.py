@@ -17,13 +17,15 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tokenizers import Tokenizer
 
 from workers.backends.errors import ModelLoadError
 from workers.backends.onnx.error_text import one_line
-from workers.backends.onnx.graph import GraphNames, ShapeHints
+
+if TYPE_CHECKING:
+    from workers.backends.onnx.graph import GraphNames, ShapeHints
 
 MODEL_FILE = "model.onnx"
 GENAI_CONFIG = "genai_config.json"
@@ -147,6 +149,9 @@ def genai_generation_config(genai: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def genai_graph_names(genai: Mapping[str, Any], graph: str) -> GraphNames:
+    # Imported here: the graph module loads ONNX Runtime, which reading a folder's prompt side never needs.
+    from workers.backends.onnx.graph import GraphNames
+
     """The decoder's IO names genai_config.json gives, when it describes ``graph``; else Optimum's."""
     decoder = _section(genai, "model", "decoder")
     filename = decoder.get("filename")
@@ -173,6 +178,8 @@ def genai_graph_names(genai: Mapping[str, Any], graph: str) -> GraphNames:
 
 def shape_hints(config: Mapping[str, Any], genai: Mapping[str, Any]) -> ShapeHints:
     """KV heads, head size, layers and vocabulary: config.json first, genai_config.json for the rest."""
+    from workers.backends.onnx.graph import ShapeHints
+
     heads = _positive_int(config.get("num_attention_heads")) or _positive_int(config.get("n_head"))
     hidden = _positive_int(config.get("hidden_size")) or _positive_int(config.get("n_embd"))
     kv_heads = _positive_int(config.get("num_key_value_heads")) or heads
