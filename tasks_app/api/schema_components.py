@@ -203,6 +203,10 @@ class ResponseSchema(serializers.Serializer):
         help_text="Extension: the place in the line while `queued` (1 = next to start), else null. "
         "Only a read knows it: the copies in events say null.",
     )
+    stop_sequence = serializers.CharField(
+        allow_null=True,
+        help_text="Extension: the request's stop string that ended the output, if one did; else null.",
+    )
 
 
 @extend_schema_serializer(component_name="DeletedResponse")

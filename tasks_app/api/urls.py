@@ -13,6 +13,8 @@ urlpatterns = [
     # The OpenAI protocols' routes (their own packages), in their place among ours.
     path("", include("tasks_app.openai.responses.urls")),
     path("", include("tasks_app.openai.chat_completions.urls")),
+    # Anthropic's Messages API (its own package).
+    path("", include("tasks_app.anthropic.urls")),
     path("capabilities", capabilities_view.CapabilitiesView.as_view(), name="capabilities"),
     path("models", model_views.ModelListView.as_view(), name="models"),
     path("models/<str:model_id>", model_views.ModelDetailView.as_view(), name="model-detail"),

@@ -83,6 +83,9 @@ def response_object(response: Response, live: Live | None = None) -> dict[str, A
         "background": bool(request.get("background", False)),
         # Extension: the place in the line; only a read knows it, so an event's copy says null.
         "queue_position": live.queue_position if live is not None else None,
+        # Extension: the request's stop string that ended the output, if one did (``stop`` says only
+        # that one of them may; Anthropic's ``stop_sequence`` names it).
+        "stop_sequence": response.stop_sequence,
     }
 
 

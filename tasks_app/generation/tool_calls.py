@@ -41,8 +41,9 @@ from typing import Any
 from tasks_app.generation import structured_output
 from tasks_app.generation.spec import CHOICE_NONE, CHOICE_REQUIRED, JSON_SCHEMA, Constraint, GenerationSpec, Tool
 
-# A function's name: what a call may name, and what a request may offer (its adapter checks it).
-NAME_RE = re.compile(r"^[a-zA-Z0-9_-]{1,64}\Z")
+# A function's name: what a call may name. Each protocol's adapter checks its own limit (OpenAI's 64
+# characters, Anthropic's 128), within this one.
+NAME_RE = re.compile(r"^[a-zA-Z0-9_-]{1,128}\Z")
 _ANY_OBJECT: dict[str, Any] = {"type": "object"}
 
 

@@ -8,18 +8,20 @@ which is all the worker sees (``tasks_app.generation.tool_calls`` makes the prom
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
 from tasks_app.exceptions import InvalidRequest
 from tasks_app.generation import structured_output
 from tasks_app.generation.spec import CHOICE_AUTO, CHOICE_NONE, CHOICE_REQUIRED, Tool, ToolChoice
-from tasks_app.generation.tool_calls import NAME_RE
 
 NONE = CHOICE_NONE
 AUTO = CHOICE_AUTO
 REQUIRED = CHOICE_REQUIRED
 NAMESPACE = "namespace"
+# OpenAI's function names: at most 64 characters (``tool_calls.NAME_RE`` allows what any protocol does).
+NAME_RE = re.compile(r"^[a-zA-Z0-9_-]{1,64}\Z")
 
 
 def _offered(request: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any], str | None]]:
