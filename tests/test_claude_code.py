@@ -3,7 +3,7 @@ and worker through the Anthropic Messages API (PROFILE.md 11.1, docs/claude-code
 
 Claude Code is set up as the docs tell a user: a throwaway ``HOME`` and only
 ``ANTHROPIC_BASE_URL=<server>/lmsp``, a token and ``ANTHROPIC_MODEL``;
-everything else is its default (its ~13k-token prompt with a billing
+everything else is its default (its ~28k-demo-token prompt with a billing
 header line and ``cache_control`` marks, its tools with tool search on,
 ``thinking``, ``context_management``, ``output_config``, ``metadata``,
 always streamed, ``max_tokens`` 32,000).
@@ -16,7 +16,9 @@ request has (read off a probe's stored usage), and the demo model's own
 text after any other prompt, which is the answer to the tool's result.
 Claude Code names the model in its system prompt, so the probe runs on a
 copy of the demo model whose name is as many tokens long as the scripted
-one's.
+one's. With tool search off the prompt (~53k demo tokens) is past the demo
+model's 32k context: the service refuses it in Claude Code's words, and a
+copy of the demo model with a 64k context answers it.
 """
 
 from __future__ import annotations
@@ -38,13 +40,14 @@ from tests.support.codex_scripted import scripted_after_prompt
 from tests.support.server import REPO
 
 CLAUDE = REPO / "tests" / "clients" / "js" / "node_modules" / ".bin" / "claude"
-# A Claude Code prompt on the demo model prefills 13k-22k tokens on a small CPU: generous, never a speed assertion.
+# A Claude Code prompt is 28k-53k demo tokens to prefill on a small CPU: generous, never a speed assertion.
 TIMEOUT_SECONDS = 240
 CLIENT = "claude-code"
 # The probe's model and the scripted one: names of as many tokens (checked), so the prompts are as long.
 PROBE_MODEL = "claude-probe"
 TOOL_MODEL = "claude-tools"
 TOOL_PROMPT = "Read the note."
+LONG_MODEL = "demo-64k"
 NOTE = "The note says: claude-round-trip-42.\n"
 
 pytestmark = pytest.mark.skipif(
@@ -72,8 +75,9 @@ class ClaudeCode:
     workdir: Path
     homes: pytest.TempPathFactory
 
-    def __call__(self, prompt: str, *, model: str = "demo", bearer: bool = True, **extra_env: str) -> Run:
-        """``claude -p prompt`` with a fresh HOME and only the three settings the docs give (plus ``extra_env``)."""
+    def __call__(self, prompt: str, *args: str, model: str = "demo", bearer: bool = True, **extra_env: str) -> Run:
+        """``claude -p prompt`` with a fresh HOME and only the three settings the docs give (plus ``args`` and
+        ``extra_env``)."""
         home = self.homes.mktemp("claude-home")
         env = {
             "PATH": os.environ.get("PATH", ""),
@@ -85,7 +89,7 @@ class ClaudeCode:
             **extra_env,
         }
         done = subprocess.run(
-            [str(CLAUDE), "-p", prompt],
+            [str(CLAUDE), *args, "-p", prompt],
             cwd=self.workdir,
             env=env,
             stdin=subprocess.DEVNULL,
@@ -93,7 +97,7 @@ class ClaudeCode:
             text=True,
             timeout=TIMEOUT_SECONDS,
         )
-        return Run(["-p", prompt], done.returncode, done.stdout, done.stderr)
+        return Run([*args, "-p", prompt], done.returncode, done.stdout, done.stderr)
 
 
 @pytest.fixture(scope="session")
@@ -125,6 +129,24 @@ def tool_names(request: dict[str, Any]) -> list[str]:
     return [tool["name"] for tool in request.get("tools", [])]
 
 
+@pytest.fixture
+def long_context_model(worker_models_root: Path) -> str:
+    """The demo model with a 64k-token context: Claude Code's prompt with tool search off (its 21 tools'
+    schemas in full) is ~53k of the demo tokenizer's tokens, past the demo model's 32k."""
+    folder = worker_models_root / LONG_MODEL
+    if not folder.exists():
+        staging = worker_models_root / f".{LONG_MODEL}"
+        shutil.rmtree(staging, ignore_errors=True)
+        shutil.copytree(worker_models_root / "demo", staging, ignore=shutil.ignore_patterns("endless"))
+        config = json.loads((staging / "config.json").read_text())
+        # The demo model computes its rotary positions in the graph: any position works.
+        config["max_position_embeddings"] = 65536
+        (staging / "config.json").write_text(json.dumps(config))
+        staging.rename(folder)
+    model_scan(models_dir=worker_models_root)
+    return LONG_MODEL
+
+
 @pytest.mark.parametrize(
     ("tool_search", "bearer"),
     [
@@ -132,10 +154,13 @@ def tool_names(request: dict[str, Any]) -> list[str]:
         pytest.param("false", False, id="tool-search-off-x-api-key"),
     ],
 )
-def test_a_prompt_with_claude_codes_defaults_is_answered_with_the_stored_text(claude, tool_search, bearer):
+def test_a_prompt_with_claude_codes_defaults_is_answered_with_the_stored_text(
+    claude, tool_search, bearer, request: pytest.FixtureRequest
+):
     extra = {"ENABLE_TOOL_SEARCH": tool_search} if tool_search else {}
+    model = request.getfixturevalue("long_context_model") if tool_search == "false" else "demo"
 
-    run = claude("Say hello.", bearer=bearer, **extra)
+    run = claude("Say hello.", model=model, bearer=bearer, **extra)
 
     assert run.returncode == 0, run.report()
     (response,) = claude_responses()
@@ -155,6 +180,30 @@ def test_a_prompt_with_claude_codes_defaults_is_answered_with_the_stored_text(cl
     # What the user is shown is what the service stored, and the prompt is Claude Code's whole long one.
     assert run.stdout.strip() == text_of(response) != ""
     assert response.usage["input_tokens"] > 8192
+
+
+def test_a_prompt_past_the_models_context_is_refused_in_the_words_claude_code_shows(claude):
+    # Tool search off: the 21 tools' schemas in full make ~53k demo tokens, past the demo model's 32k.
+    run = claude("Say hello.", ENABLE_TOOL_SEARCH="false")
+
+    assert run.returncode == 1, run.report()
+    # Refused before anything is queued, with Anthropic's overflow text, which Claude Code reads.
+    assert "Prompt is too long" in run.stdout, run.report()
+    assert "limit 32767" in run.stdout, run.report()
+    assert claude_responses() == []
+
+
+def test_auto_permission_mode_the_interactive_default_is_answered_without_anthropics_safeguards(claude):
+    # Auto, the interactive default, sends ``safeguards`` (Anthropic's server-side check of dangerous tool use)
+    # on a session's first request; the service cannot run that check, refuses the field by name, and Claude
+    # Code sends the request again without it.
+    run = claude("Say hello.", "--permission-mode", "auto")
+
+    assert run.returncode == 0, run.report()
+    (response,) = claude_responses()
+    assert response.status == "completed"
+    assert "safeguards" not in response.request
+    assert run.stdout.strip() == text_of(response) != ""
 
 
 def _scripted_copy(root: Path, name: str, *, prompt_tokens: int | None, script: str) -> str:
@@ -234,7 +283,7 @@ def test_a_tool_round_trip_reads_the_file_with_claude_codes_read_tool_and_answer
         for block in message["content"]
         if block["type"] == "tool_result"
     ]
-    assert result["tool_use_id"] == tool_use["id"]
+    assert result["tool_use_id"] == tool_use["id"] == call["call_id"]
     assert NOTE.strip() in json.dumps(result["content"])
     assert answer_turn.status == "completed"
     assert run.stdout.strip() == text_of(answer_turn) != ""
