@@ -13,13 +13,11 @@ from typing import Any
 
 from django.conf import settings
 
+from tasks_app import states
 from tasks_app.models import ModelRecord, Task
-from tasks_app.states import TaskStatus
 
 # The Ollama release whose API these routes follow (docs/ollama.md): clients gate features on it.
 OLLAMA_VERSION = "0.14.0"
-# Where a task's model is loaded in a worker: it runs, or it is being loaded to run.
-_HOLDING = (TaskStatus.LOADING, TaskStatus.RUNNING, TaskStatus.CANCELLING)
 # A generation config's sampling defaults, under Ollama's parameter names.
 _PARAMETERS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "repetition_penalty": "repeat_penalty"}
 
@@ -132,7 +130,7 @@ def running() -> dict[str, Any]:
     model loaded and idle is not listed: what is listed is known to be loaded.
     When it unloads is the worker's cache's choice: ``expires_at`` is null.
     """
-    names = set(Task.objects.filter(status__in=_HOLDING).values_list("response__model", flat=True).distinct())
+    names = set(Task.objects.filter(status__in=states.HELD).values_list("response__model", flat=True).distinct())
     records = ModelRecord.objects.filter(name__in=names).order_by("name")
     return {
         "models": [

@@ -134,7 +134,7 @@ def _options(options: Mapping[str, Any], context_length: int | None) -> tuple[tu
     num_ctx = options.get("num_ctx")
     if num_ctx is not None and context_length is not None and num_ctx > context_length:
         raise InvalidRequest(
-            f"num_ctx {num_ctx} is more than the model's context of {context_length} tokens",
+            f"options.num_ctx: {num_ctx} is more than the model's context of {context_length} tokens",
             errors=[{"field": "options.num_ctx", "message": f"at most {context_length}"}],
         )
     checks = (

@@ -24,6 +24,7 @@ from rest_framework.response import Response
 
 from tasks_app import states
 from tasks_app.core.wire import Live, response_object
+from tasks_app.edge.negotiation import JSONOnlyNegotiation
 from tasks_app.edge.parsers import StrictJSONParser
 from tasks_app.edge.problems import problem_json_response
 from tasks_app.edge.scoped_views import READ, WRITE, ScopedAPIView, validated
@@ -64,11 +65,19 @@ class AnyContentJSONParser(StrictJSONParser):
     media_type = "*/*"
 
 
+class AnyContentNegotiation(JSONOnlyNegotiation):
+    """The body is JSON whatever its ``Content-Type`` says (Ollama's server reads it so)."""
+
+    def select_parser(self, request, parsers):
+        return parsers[0]
+
+
 class OllamaView(ScopedAPIView):
     """A route of ``/api/...``: the bearer token, or the anonymous client of a local request."""
 
     authentication_classes = [OllamaAuthentication]
     parser_classes = [AnyContentJSONParser]
+    content_negotiation_class = AnyContentNegotiation
 
 
 def model_named(name: str | None) -> ModelRecord:
