@@ -10,6 +10,8 @@ urlpatterns = [
     path("", landing_view, name="landing"),
     path("lmsp/v1", landing_view, name="api-landing"),
     path("lmsp/v1/", include("tasks_app.api.urls")),
+    # Ollama's native API (docs/ollama.md): its clients append /api/... to a bare host.
+    path("api/", include("tasks_app.ollama.urls")),
     path("admin/", admin.site.urls),
     path("metrics", metrics_view, name="metrics"),
     # Whether this web process can serve now (the database, Redis); docs/recovery.md.

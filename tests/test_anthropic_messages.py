@@ -325,3 +325,29 @@ def test_a_later_turn_hits_the_prefix_cache_though_the_attribution_line_changed(
     assert "billing" not in (response_of(later.id).generation["system"] or "")
     assert later.usage.cache_read_input_tokens > 0
     assert later.usage.input_tokens + later.usage.cache_read_input_tokens == response_of(later.id).usage["input_tokens"]
+
+
+def test_an_output_format_holds_the_answer_to_its_schema(sdk, running_worker):
+    schema = WEATHER["input_schema"]
+    message = sdk.messages.create(
+        model="demo",
+        max_tokens=60,
+        messages=[{"role": "user", "content": "Pick a city."}],
+        output_config={"format": {"type": "json_schema", "schema": schema}},
+    )
+
+    assert message.stop_reason == "end_turn"
+    assert json.loads(message.content[0].text)["city"] in ("Paris", "Rome")
+    with pytest.raises(anthropic.BadRequestError) as caught:
+        sdk.messages.create(
+            model="demo",
+            max_tokens=5,
+            messages=HELLO,
+            output_config={
+                "format": {
+                    "type": "json_schema",
+                    "schema": {"type": "object", "properties": {"a": {"type": "string", "pattern": "(("}}},
+                }
+            },
+        )
+    assert "output_config.format.schema" in caught.value.body["error"]["message"]

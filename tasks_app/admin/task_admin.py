@@ -93,7 +93,7 @@ class TaskAdmin(BoundedCountAdmin, ReadOnlyAdmin):
         "created_at",
         "updated_at",
     )
-    list_filter = (TaskStatusFilter, TaskModelFilter, "on_restart", "client", TaskBatchFilter)
+    list_filter = (TaskStatusFilter, TaskModelFilter, "response__protocol", "on_restart", "client", TaskBatchFilter)
     # ``id__exact`` rather than ``=id``: the admin turns ``=`` into ``iexact``
     # (UPPER()/LIKE), which no index serves; both columns here are unique.
     search_fields = ("id__exact", "response__id__exact")
@@ -114,6 +114,7 @@ class TaskAdmin(BoundedCountAdmin, ReadOnlyAdmin):
                     "client",
                     "model_column",
                     "response_link",
+                    "protocol",
                     "on_restart",
                     "attempts",
                     "prompt_tokens",
@@ -174,6 +175,11 @@ class TaskAdmin(BoundedCountAdmin, ReadOnlyAdmin):
         return admin_link(task.response)
 
     request_json = json_column("response.request", "request")
+
+    @admin.display(description="protocol")
+    def protocol(self, task: Task) -> str:
+        """The protocol the request came in: its ``request`` is in that protocol's shape."""
+        return task.response.get_protocol_display()
 
     @admin.display(description="prompt tokens")
     def prompt_tokens(self, task: Task) -> str:

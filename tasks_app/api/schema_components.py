@@ -298,6 +298,11 @@ class CapabilitiesSchema(serializers.Serializer):
         child=serializers.ChoiceField(choices=EXTENSIONS),
         help_text="This service's extensions beyond LMSP 1.0 (docs/openai.md, docs/webhooks.md).",
     )
+    protocols = serializers.DictField(
+        child=serializers.CharField(allow_blank=True),
+        help_text="Each protocol this service speaks (lmsp, openai, anthropic, ollama) and the base URL its "
+        "clients are given, relative to this host (docs/anthropic.md, docs/ollama.md).",
+    )
 
 
 @extend_schema_serializer(component_name="StreamToken")

@@ -23,7 +23,19 @@ EXTENSIONS = (
     "sdk_errors",
     "chat_completions",
     "previous_response_id",
+    "anthropic_messages",
+    "ollama_api",
+    "stop_sequence",
 )
+# The protocols this service speaks (PROFILE.md sections 10 and 11), each with the base URL its clients are
+# given, relative to this host: the SDKs append their own paths (the OpenAI SDK ``/responses``, Anthropic's
+# ``/v1/messages``, Ollama's clients ``/api/...``).
+PROTOCOLS = {
+    "lmsp": "/lmsp/v1",
+    "openai": "/lmsp/v1",
+    "anthropic": "/lmsp",
+    "ollama": "",
+}
 
 
 def service_id_get() -> str:
@@ -45,4 +57,5 @@ def capabilities_describe() -> dict[str, Any]:
         "scopes": list(SCOPES),
         "max_request_bytes": settings.LMSP_MAX_REQUEST_BYTES,
         "extensions": list(EXTENSIONS),
+        "protocols": dict(PROTOCOLS),
     }
