@@ -437,7 +437,7 @@ PROCESS_FIXTURES = frozenset(
 # started last would keep its worker busy long after the others ran out of work. Only the order follows
 # from this list; a file missing from it still runs, after these.
 LONGEST_FILES = (
-    *("test_recovery.py", "test_launcher.py", "test_schemathesis.py", "test_real_models.py"),
+    *("test_recovery.py", "test_launcher.py", "test_schemathesis.py", "test_claude_code.py", "test_real_models.py"),
     *("test_response_fields.py", "test_model_pull.py", "test_lock_contention.py", "test_cut_off_workers.py"),
     *("test_batched_worker.py", "test_admin_browser.py", "test_crashes.py", "test_worker_drain.py"),
     *("test_http_server.py", "test_background_responses.py", "test_conversations_live.py"),
