@@ -287,3 +287,7 @@ def test_a_tool_round_trip_reads_the_file_with_claude_codes_read_tool_and_answer
     assert NOTE.strip() in json.dumps(result["content"])
     assert answer_turn.status == "completed"
     assert run.stdout.strip() == text_of(answer_turn) != ""
+    # The second request starts as the first did (its attribution line left out): the worker's prefix
+    # cache holds the first request's prompt, and the answer says so.
+    cached = answer_turn.usage["input_tokens_details"]["cached_tokens"]
+    assert cached >= call_turn.usage["input_tokens"] // 2, (cached, call_turn.usage, answer_turn.usage)
