@@ -97,6 +97,47 @@ SPEC_REFUSALS = [
 ]
 
 
+# The Messages routes answer Anthropic's errors, which carry no code and no field list: their refusals of
+# schema-valid requests are named by (operation, status, the start of error.message), the message starting
+# with the field's path (tasks_app/anthropic/errors.py). The same rules across fields as above: the ids a
+# tool_result names, tool names and tool_choice, schemas the grammar engine cannot compile, the keys.
+MESSAGES, COUNT_TOKENS = "POST /lmsp/v1/messages", "POST /lmsp/v1/messages/count_tokens"
+_MESSAGE_RULES = [
+    r"messages\.\d+\.content\.\d+\.tool_use_id: tool_use_id must name a tool_use block",
+    # A last assistant message asks the answer to continue it (a prefill), which is refused by name.
+    r"messages\.\d+: a last assistant message",
+    r"tools\.\d+\.name: two tools are named",
+    r"tools\.\d+\.input_schema: the input schema cannot be enforced",
+    r"output_config\.format\.schema: the schema cannot be enforced",
+    r"tool_choice 'any' requires tools",
+    r"tool_choice: 'any' requires a tool this service can run",
+    r"tool_choice\.name: tool_choice names .* which is not among the tools",
+    r"tool_choice\.name: .* runs on Anthropic's servers",
+]
+ANTHROPIC_REFUSALS = [
+    *((operation, 400, rule) for operation in (MESSAGES, COUNT_TOKENS) for rule in _MESSAGE_RULES),
+    # A generated conversation longer than the demo model's context (refused before it is queued).
+    (MESSAGES, 400, r"prompt is too long: \d+ tokens > \d+ maximum"),
+    # A key is for streams only (a retry resumes the stream): a rule across a header and the body.
+    (MESSAGES, 400, r"Idempotency-Key: send it with stream: true"),
+    (MESSAGES, 400, r"Idempotency-Key is supported on streamed messages only"),
+    (MESSAGES, 400, r"Last-Event-ID \d+ is past the newest event"),
+    (MESSAGES, 422, r"This Idempotency-Key was first used with a different request body"),
+]
+
+
+def is_anthropic_refusal(label: str, status: int, body: dict[str, Any]) -> bool:
+    """Whether this answer is one of ``ANTHROPIC_REFUSALS``."""
+    error = body.get("error")
+    message = error.get("message") if isinstance(error, dict) and body.get("type") == "error" else None
+    if not isinstance(message, str):
+        return False
+    return any(
+        (operation, wanted) == (label, status) and re.match(rule, message)
+        for operation, wanted, rule in ANTHROPIC_REFUSALS
+    )
+
+
 # A sample event to a URL that does not answer (docs/webhooks.md): the upstream's failure, not the server's.
 UNANSWERED_TEST = ("POST /lmsp/v1/webhook_endpoints/{webhook_endpoint_id}/test", 502, "webhook_test_failed")
 
@@ -105,10 +146,14 @@ def _is_allowed_int(value: Any, low: int, high: int) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
 
 
-def _shorten(request: dict[str, Any], *limits: str) -> None:
+def _on_the_model(request: dict[str, Any]) -> None:
     model = request.get("model")
     if isinstance(model, str) and 1 <= len(model) <= MAX_MODEL_NAME and "\x00" not in model:
         request["model"] = MODEL
+
+
+def _shorten(request: dict[str, Any], *limits: str) -> None:
+    _on_the_model(request)
     for limit in limits or ("max_output_tokens",):
         tokens = request.get(limit)
         if limit not in request or _is_allowed_int(tokens, 1, MAX_OUTPUT_TOKENS_ALLOWED):
@@ -127,6 +172,10 @@ def map_case(context: schemathesis.HookContext, case: schemathesis.Case) -> sche
         _shorten(body)
     elif case.operation.label == "POST /lmsp/v1/chat/completions":
         _shorten(body, "max_tokens", "max_completion_tokens")
+    elif case.operation.label == MESSAGES:
+        _shorten(body, "max_tokens")
+    elif case.operation.label == COUNT_TOKENS:
+        _on_the_model(body)
     return case
 
 
@@ -183,7 +232,8 @@ def filter_failure(
 ) -> bool:
     """Keep every failure except a spec refusal of schema-valid data and an accepted unknown header."""
     if isinstance(failure, RejectedPositiveData):
-        return not is_spec_refusal(case.operation.label, response.status_code, _problem(response))
+        label, status, body = case.operation.label, response.status_code, _problem(response)
+        return not (is_spec_refusal(label, status, body) or is_anthropic_refusal(label, status, body))
     if isinstance(failure, AcceptedNegativeData):
         return not is_unknown_header(case)
     if isinstance(failure, ServerError):

@@ -54,6 +54,8 @@ API_HEADERS = ("Location", "Retry-After", "WWW-Authenticate", "Idempotent-Replay
 # A short generation, so the single test worker is never blocked for long.
 SHORT = {"max_output_tokens": 2}
 CHAT_PATH = "/chat/completions"
+MESSAGES_PATH = f"{API}messages"
+COUNT_TOKENS_PATH = f"{MESSAGES_PATH}/count_tokens"
 
 
 @pytest.fixture(autouse=True)
@@ -266,6 +268,12 @@ CANNOT_PRODUCE |= {
     ("post", "/lmsp/v1/chat/completions", 500, code)
     for code in ("backend_error", "model_load_failed", "server_restarted")
 }
+# The Messages routes answer every problem in Anthropic's shape (application/json, no code): a status is seen
+# or not. Their 500 and 507 need what every operation's do (below); count_tokens only reads.
+CANNOT_PRODUCE |= {
+    ("post", path, status, "application/json") for path in (MESSAGES_PATH, COUNT_TOKENS_PATH) for status in (500, 507)
+}
+CANNOT_PRODUCE.add(("post", COUNT_TOKENS_PATH, 503, "application/json"))
 # Every operation's 500 needs an injected fault (a bug). Its 507, and the 503 of operations that never wait for a
 # lock, need a database that is away, read-only or full: tests/test_database_outages.py has those from live servers
 # (the 503 of the operations that write under a lock is still required here: the lock test below answers it).
@@ -378,6 +386,17 @@ class Ledger:
                 for error in self._invalid(schema_at + "/schema", frame):
                     self.faults.append(f"{where}: frame {frame}: {error}")
             return
+        if answer.media_type == EVENT_STREAM and path == MESSAGES_PATH:
+            kinds = [event.get("type") for event in answer.events]
+            if not kinds or kinds[0] != "message_start" or kinds[-1] != "message_stop":
+                self.faults.append(f"{where}: a Messages stream not from message_start to message_stop: {kinds}")
+            for event in answer.events:
+                for error in self._invalid("components/schemas/AnthropicStreamEvent", event):
+                    self.faults.append(f"{where}: event {event.get('type')}: {error}")
+            for frame in answer.frames:
+                for error in self._invalid(schema_at + "/schema", frame):
+                    self.faults.append(f"{where}: frame {frame}: {error}")
+            return
         if answer.media_type == EVENT_STREAM:
             if not answer.events:
                 self.faults.append(f"{where}: a stream without events")
@@ -462,7 +481,11 @@ class Caller:
     ) -> Answer:
         with open_stream(self.base, url, token=token, method=method, body=body, headers=headers) as stream:
             parsed = stream.all() if not stream.ended else []
-            frames = [{"id": str(event.id), "event": event.event, "data": event.data} for event in parsed]
+            # A Messages stream puts an id on the last frame made from a task event only.
+            frames = [
+                {**({"id": str(event.id)} if event.id is not None else {}), "event": event.event, "data": event.data}
+                for event in parsed
+            ]
             answer = Answer(stream.status, stream.headers, stream.body, [event.payload for event in parsed], frames)
         return self.ledger.saw(method, path, answer)
 
@@ -653,6 +676,39 @@ def test_every_answer_is_documented_and_every_documented_answer_happens(
         call.here("POST", cancel_path, url=fill(cancel_path, chat_task.id), token=api.token)
         assert waiting_chat.result().status == 409
 
+    # POST /messages (PROFILE.md 11.1): Anthropic's shapes, its errors included, waited for and streamed.
+    message = {"model": "demo", "max_tokens": 2, "messages": [{"role": "user", "content": "Hello"}]}
+    call.here("POST", MESSAGES_PATH, token=api.token, body=message)
+    streamed_message = {**message, "stream": True}
+    message_key = {"Idempotency-Key": "k-message"}
+    call.live("POST", MESSAGES_PATH, url=MESSAGES_PATH, token=api.token, body=streamed_message, headers=message_key)
+    call.here("POST", MESSAGES_PATH, token=api.token, body={**streamed_message, "top_k": 3}, headers=message_key)
+    call.here("POST", MESSAGES_PATH, token=api.token, body={**message, "model": "nope"})
+    call.here("POST", MESSAGES_PATH, token=api.token, body={**message, "container": "c"})
+    call.here("POST", MESSAGES_PATH, token=api.token, raw="hello", content_type="text/plain")
+    call.here("POST", MESSAGES_PATH, token=api.token, raw=big)
+    with override_settings(LMSP_MAX_QUEUED_TASKS=0):
+        call.here("POST", MESSAGES_PATH, token=api.token, body=message)
+    with override_settings(LMSP_MAX_STREAMS_PER_CLIENT=0):
+        call.here("POST", MESSAGES_PATH, token=api.token, body=streamed_message)
+    with database_write_locked(), lock_wait(0.2):
+        call.here("POST", MESSAGES_PATH, token=api.token, body=message)
+    # A waiting message whose generation is cancelled (by an operator) answers 409.
+    endless_message = {**message, "model": ENDLESS_MODEL, "max_tokens": 8000}
+    with ThreadPoolExecutor(1) as pool:
+        before = set(Task.objects.values_list("id", flat=True))
+        waiting_message = pool.submit(call.here, "POST", MESSAGES_PATH, token=api.token, body=endless_message)
+        message_task = wait_until(
+            lambda: Task.objects.exclude(id__in=before).filter(status="running").first(),
+            what="the waiting message never ran",
+        )
+        call.here("POST", cancel_path, url=fill(cancel_path, message_task.id), token=api.token)
+        assert waiting_message.result().status == 409
+    call.here("POST", COUNT_TOKENS_PATH, token=api.token, body={"model": "demo", "messages": message["messages"]})
+    call.here("POST", COUNT_TOKENS_PATH, token=api.token, body={"model": "demo", "messages": []})
+    call.here("POST", COUNT_TOKENS_PATH, token=api.token, raw="hello", content_type="text/plain")
+    call.here("POST", COUNT_TOKENS_PATH, token=api.token, raw=big)
+
     # POST /pair: a real code, then bad ones until the rate limit answers.
     _, code = pairing_code_create(scopes="read")
     call.here("POST", pair, body={"code": code, "client_name": "phone"})
@@ -726,6 +782,7 @@ def test_every_answer_is_documented_and_every_documented_answer_happens(
     call.here("GET", events_path, url=events_url, token=api.token)
     call.here("GET", response_path, url=f"{stored_url}?stream=true", token=api.token)
     call.here("POST", responses, token=api.token, body=request, headers=keyed)
+    call.here("POST", MESSAGES_PATH, token=api.token, body=streamed_message, headers=message_key)
 
     assert ledger.faults == []
     unproduced = {

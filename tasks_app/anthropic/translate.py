@@ -190,6 +190,12 @@ def _text_of(block: Mapping[str, Any], field: str) -> str:
     return block["text"]
 
 
+def _system_text(block: Mapping[str, Any], field: str) -> str:
+    if block["type"] != "text":
+        raise _bad("a system message holds text blocks only", f"{field}.type")
+    return _text_of(block, field)
+
+
 def _turns(messages: Sequence[Any]) -> tuple[list[Turn], set[str], list[str]]:
     """The conversation's turns, the tools its results reference, and text of ``role: system`` messages."""
     turns: list[Turn] = []
@@ -213,7 +219,7 @@ def _turns(messages: Sequence[Any]) -> tuple[list[Turn], set[str], list[str]]:
             turns += _assistant_turns(blocks, f"{field}.content", names)
         elif role == "system":
             # Claude Code sends one for model names it does not know: it is read as more of the system prompt.
-            system += [_text_of(block, f"{field}.content.{i}") for i, block in enumerate(blocks)]
+            system += [_system_text(block, f"{field}.content.{i}") for i, block in enumerate(blocks)]
         else:
             raise _bad("role must be 'user' or 'assistant'", f"{field}.role")
     last = messages[-1].get("role")
@@ -314,7 +320,7 @@ def _tools(tools: Sequence[Any], referenced: set[str]) -> _Tools:
         field = f"tools.{index}"
         if not isinstance(tool, Mapping):
             raise _bad("a tool must be an object", field)
-        kind = tool.get("type") or CUSTOM_TOOL
+        kind = _tool_kind(tool, field)
         name = tool.get("name")
         if not isinstance(name, str) or not NAME_RE.match(name):
             raise _bad("a tool's name must be 1-128 letters, digits, _ or -", f"{field}.name")
@@ -343,6 +349,15 @@ def _tools(tools: Sequence[Any], referenced: set[str]) -> _Tools:
         client.append((Tool(name=name, description=description, parameters=dict(schema)), deferred))
     shown = tuple(tool for tool, deferred in client if not deferred or server_search or tool.name in referenced)
     return _Tools(spec_tools=shown, client=tuple(tool for tool, _ in client), server=frozenset(server))
+
+
+def _tool_kind(tool: Mapping[str, Any], field: str) -> str:
+    kind = tool.get("type")
+    if kind is None:
+        return CUSTOM_TOOL
+    if not isinstance(kind, str) or not kind:
+        raise _bad("a tool's type must be a non-empty string (or null for a client tool)", f"{field}.type")
+    return kind
 
 
 def _tool_choice(choice: Mapping[str, Any] | None, tools: _Tools) -> ToolChoice:
@@ -374,6 +389,8 @@ def _tool_choice_check(choice: Mapping[str, Any]) -> str:
     unknown = sorted(set(choice) - {"type", "name", "disable_parallel_tool_use"})
     if unknown:
         raise _bad(f"tool_choice has no field {unknown[0]!r}", f"tool_choice.{unknown[0]}")
+    if not isinstance(choice.get("name", ""), str):
+        raise _bad("tool_choice.name must be a string", "tool_choice.name")
     if not isinstance(choice.get("disable_parallel_tool_use", False), bool):
         raise _bad("disable_parallel_tool_use must be a boolean", "tool_choice.disable_parallel_tool_use")
     return kind

@@ -23,16 +23,20 @@ from asgiref.sync import sync_to_async
 from django.db import connection
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.csrf import csrf_exempt
+from drf_spectacular.utils import OpenApiResponse
 from rest_framework.authentication import BaseAuthentication
 from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from tasks_app import exceptions as exc
 from tasks_app import states
+from tasks_app.anthropic import schema
 from tasks_app.anthropic.messages import MessageEvents, message_failure, message_object, message_stream
 from tasks_app.anthropic.serializers import CountTokensRequestSerializer, MessageRequestSerializer
 from tasks_app.anthropic.service import MessageStarted, message_abandon, message_start, message_tokens_count
 from tasks_app.anthropic.translate import message_spec
+from tasks_app.api.schema_annotations import EVENT_STREAM_MEDIA_TYPE, IDEMPOTENCY_KEY, LAST_EVENT_ID, operation
 from tasks_app.api.stream_views import asks_to_stream
 from tasks_app.core.wire import Live, response_object
 from tasks_app.edge.auth import BearerTokenAuthentication, token_client
@@ -64,11 +68,59 @@ class ApiKeyAuthentication(BaseAuthentication):
 class _MessagesView(ScopedAPIView):
     authentication_classes = [BearerTokenAuthentication, ApiKeyAuthentication]
     scopes_by_method = {"POST": WRITE}
+    # The schema (tasks_app/api/schema_generator.py): Anthropic's components, and its error shape for every problem.
+    schema_components = schema.SCHEMA_COMPONENTS
+    schema_error_content = staticmethod(schema.error_content)
 
 
 class MessageCreateView(_MessagesView):
-    """Validate, translate, count and accept; the async ``messages_create`` serves what was started."""
+    """Validate, translate, count and accept; the async ``messages_create`` serves what was started.
 
+    The schema documents ``messages_create`` through this view (``tasks_app/api/schema_stand_ins.py``).
+    """
+
+    @operation(
+        operation_id="messages_create",
+        summary="Create a message (Anthropic's Messages API)",
+        description="Extension (PROFILE.md 11.1, for Anthropic's SDKs and Claude Code with "
+        "`ANTHROPIC_BASE_URL=<host>/lmsp`): the request runs as a response task on the same workers (listed by "
+        "`GET /tasks`; `msg_X` is `resp_X`). `stream: false` waits and answers the Message; `stream: true` "
+        "answers Anthropic's events. A client that leaves before the end cancels the generation, unless it sent "
+        "an `Idempotency-Key` (streams only): then a retry with the key and `Last-Event-ID` resumes the same "
+        "stream. `tool_choice`, `stop_sequences` and `output_config.format` are enforced; what asks for what "
+        "this service lacks (images, documents, a prefill, containers, MCP servers, a choice of a server tool) "
+        "is `400 invalid_request_error` naming the field. A prompt over the model's context is refused before "
+        "anything is queued (`prompt is too long: N tokens > M maximum`). Every error is Anthropic's "
+        '`{"type": "error", "error": {"type", "message"}}` as `application/json`.',
+        parameters=[IDEMPOTENCY_KEY, LAST_EVENT_ID],
+        request={"application/json": schema.MESSAGE_REQUEST},
+        responses={
+            (200, "application/json"): OpenApiResponse(
+                {"$ref": "#/components/schemas/AnthropicMessage"},
+                description="`stream: false`: the Message.",
+            ),
+            (200, EVENT_STREAM_MEDIA_TYPE): OpenApiResponse(
+                schema.MESSAGE_STREAM_SCHEMA, description=schema.MESSAGE_STREAM_DESCRIPTION
+            ),
+        },
+        problems=[
+            exc.InvalidRequest,
+            exc.UnsupportedParameter,
+            exc.UnsupportedCapability,
+            exc.ModelNotFound,
+            exc.ContextLengthExceeded,
+            exc.ResponseCancelled,
+            exc.IdempotencyKeyInUse,
+            exc.EventHistoryExpired,
+            exc.IdempotencyKeyReused,
+            exc.QueueFull,
+            exc.TooManyStreams,
+            exc.DatabaseBusy,
+            exc.BackendError,
+            exc.ModelLoadFailed,
+            exc.ServerRestarted,
+        ],
+    )
     def post(self, request: Request) -> Response:
         key = idempotency_key_validate(request.headers.get("Idempotency-Key"))
         stream_cursor(request)
@@ -96,6 +148,16 @@ class MessageCreateView(_MessagesView):
 class CountTokensView(_MessagesView):
     """``POST /messages/count_tokens``: the prompt's tokens as the model reads them (nothing is queued)."""
 
+    @operation(
+        operation_id="messages_count_tokens",
+        summary="Count a message's prompt tokens (Anthropic's count_tokens)",
+        description="The tokens of the prompt a Messages request would give the model (its template, system "
+        "prompt and tools included), counted with the model's own tokenizer on the web host; nothing is queued. "
+        "A host without the model's files answers `400`.",
+        request={"application/json": schema.COUNT_TOKENS_REQUEST},
+        responses={200: schema.COUNT_TOKENS_ANSWER},
+        problems=[exc.InvalidRequest, exc.UnsupportedParameter, exc.UnsupportedCapability, exc.ModelNotFound],
+    )
     def post(self, request: Request) -> Response:
         data = validated(CountTokensRequestSerializer, request.data)
         return Response({"input_tokens": message_tokens_count(spec=message_spec(data))})

@@ -16,8 +16,13 @@ on its own:
   status whose ``code`` enum, descriptions and examples come from the
   exception classes (``schema_problems.py``), so the schema cannot drift from
   the codes we raise.
+- Another protocol's routes (a view with ``schema_error_content``, the
+  Messages routes) answer every problem in that protocol's error shape
+  (``tasks_app/edge/error_shapes.py``): their error answers are written by
+  it, and the view's ``schema_components`` join the components.
 - Security: per operation from the views' ``scopes_by_method`` (``None`` is
-  public), so the schema states exactly what ``HasRequiredScopes`` checks.
+  public), so the schema states exactly what ``HasRequiredScopes`` checks;
+  a view that also takes ``x-api-key`` lists it beside the bearer.
 - Strict requests: what the server refuses in every request (U+0000 in a
   string, an undeclared field) is stated on every request schema, so a
   request the schema allows is one the server takes.
@@ -39,6 +44,7 @@ from tasks_app.api.schema_stand_ins import documented_view
 
 API_PREFIX = "/lmsp/v1/"
 BEARER = "bearerAuth"
+API_KEY = "apiKeyAuth"
 STREAM_TOKEN = "streamToken"
 STAFF_SESSION = "staffSession"
 
@@ -72,6 +78,30 @@ class BearerTokenScheme(OpenApiAuthenticationExtension):
         }
 
 
+API_KEY_AUTHENTICATION = "tasks_app.anthropic.views.ApiKeyAuthentication"
+
+
+class ApiKeyScheme(OpenApiAuthenticationExtension):
+    target_class = API_KEY_AUTHENTICATION
+    name = API_KEY
+
+    def get_security_definition(self, auto_schema: Any) -> dict[str, Any]:
+        return {
+            "type": "apiKey",
+            "in": "header",
+            "name": "x-api-key",
+            "description": "The same client tokens as a bearer, as Anthropic's SDKs send `ANTHROPIC_API_KEY` "
+            "(the Messages routes only).",
+        }
+
+
+def _takes_api_key(view_cls: type) -> bool:
+    return any(
+        f"{auth.__module__}.{auth.__qualname__}" == API_KEY_AUTHENTICATION
+        for auth in getattr(view_cls, "authentication_classes", ())
+    )
+
+
 # --- the postprocessing hook ------------------------------------------------------------------------
 
 
@@ -83,6 +113,9 @@ def _security(view_cls: type, method: str) -> tuple[list[dict[str, list[str]]], 
     requirements = [{BEARER: list(scopes)}]
     named = ", ".join(f"`{scope}`" for scope in scopes)
     note = f"**Auth:** a bearer token with the scope {named} (or `admin`)." if scopes else "**Auth:** a bearer token."
+    if _takes_api_key(view_cls):
+        requirements.append({API_KEY: list(scopes)})
+        note += " The token may come as `x-api-key` instead."
     if getattr(view_cls, "stream_readers", False):
         requirements += [{STREAM_TOKEN: []}, {STAFF_SESSION: []}]
         note += " For the event stream also a stream token (`?token=`) or a logged-in staff session."
@@ -97,10 +130,15 @@ def _endpoints(generator: SchemaGenerator) -> Iterator[tuple[str, str, type]]:
 def lmsp_postprocess(result: dict[str, Any], generator: SchemaGenerator, **kwargs: Any) -> dict[str, Any]:
     """POSTPROCESSING_HOOKS: security, problems and the shared components (see the module docstring)."""
     answered: set[str] = set()
+    components: dict[str, Any] = {}
     for path, method, view_cls in _endpoints(generator):
         op = result["paths"].get(path, {}).get(method.lower())
         if op is None:
             continue
+        body = op.get("requestBody", {})
+        if any(media.get("schema", {}).get("required") for media in body.get("content", {}).values()):
+            # A body written out as a schema (not a serializer) with required fields is itself required.
+            body["required"] = True
         security, note = _security(view_cls, method)
         op["security"] = security
         op["description"] = f"{op.get('description', '').strip()}\n\n{note}".strip()
@@ -112,13 +150,18 @@ def lmsp_postprocess(result: dict[str, Any], generator: SchemaGenerator, **kwarg
             has_body="requestBody" in op,
         )
         responses = dict(op["responses"])
+        # A protocol adapter's routes answer problems in its own error shape (tasks_app/edge/error_shapes.py).
+        error_content = getattr(view_cls, "schema_error_content", None)
         for status, classes in problems.items():
-            responses[str(status)] = problem_response(status, classes, path)
-            answered.update(cls.code for cls in classes)
+            responses[str(status)] = problem_response(status, classes, path, content=error_content)
+            if error_content is None:
+                answered.update(cls.code for cls in classes)
+        components.update(getattr(view_cls, "schema_components", {}))
         op["responses"] = dict(sorted(responses.items()))
 
-    components = result.setdefault("components", {})
-    components.setdefault("schemas", {})["StreamEvent"] = stream_event_schema()
+    result.setdefault("components", {}).setdefault("schemas", {}).update(components)
+    components = result["components"]
+    components["schemas"]["StreamEvent"] = stream_event_schema()
     components["schemas"]["ChatCompletionChunk"] = CHAT_COMPLETION_CHUNK_SCHEMA
     components["schemas"][JSON_VALUE] = JSON_VALUE_SCHEMA
     components["schemas"] = dict(sorted(components["schemas"].items()))

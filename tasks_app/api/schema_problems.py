@@ -10,7 +10,7 @@ drift from the codes we raise.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from tasks_app import exceptions as exc
@@ -88,31 +88,43 @@ def _example(cls: type[exc.LmspError], path: str) -> dict[str, Any]:
     return {"summary": cls.title, "value": cls(errors=errors).to_http_problem(_example_instance(path))}
 
 
-def problem_response(status: int, classes: Sequence[type[exc.LmspError]], path: str) -> dict[str, Any]:
-    """One status's response: the Problem schema narrowed to this status and its codes, an example per code."""
+ErrorContent = Callable[[int, Sequence[type[exc.LmspError]]], dict[str, Any]]
+"""Another protocol's error shape in the schema: a status and its problems -> the response's ``content``."""
+
+
+def _problem_content(status: int, classes: Sequence[type[exc.LmspError]], path: str) -> dict[str, Any]:
+    return {
+        PROBLEM_MEDIA_TYPE: {
+            "schema": {
+                "allOf": [
+                    {"$ref": "#/components/schemas/Problem"},
+                    {
+                        "type": "object",
+                        "properties": {
+                            "status": {"type": "integer", "enum": [status]},
+                            "code": {"type": "string", "enum": list(dict.fromkeys(cls.code for cls in classes))},
+                        },
+                    },
+                ]
+            },
+            "examples": {cls.code: _example(cls, path) for cls in classes},
+        }
+    }
+
+
+def problem_response(
+    status: int, classes: Sequence[type[exc.LmspError]], path: str, *, content: ErrorContent | None = None
+) -> dict[str, Any]:
+    """One status's response: the Problem schema narrowed to this status and its codes, an example per code.
+
+    ``content``: the route answers its protocol's error shape instead; the description still names the
+    problems (the LMSP codes) that lead to this status.
+    """
     lines = [f"- `{cls.code}`: {problem_meaning(cls)}" for cls in classes]
     if status in _STATUS_NOTES:
         lines.append("\n" + _STATUS_NOTES[status])
-    response: dict[str, Any] = {
-        "description": "\n".join(lines),
-        "content": {
-            PROBLEM_MEDIA_TYPE: {
-                "schema": {
-                    "allOf": [
-                        {"$ref": "#/components/schemas/Problem"},
-                        {
-                            "type": "object",
-                            "properties": {
-                                "status": {"type": "integer", "enum": [status]},
-                                "code": {"type": "string", "enum": list(dict.fromkeys(cls.code for cls in classes))},
-                            },
-                        },
-                    ]
-                },
-                "examples": {cls.code: _example(cls, path) for cls in classes},
-            }
-        },
-    }
+    body = content(status, classes) if content is not None else _problem_content(status, classes, path)
+    response: dict[str, Any] = {"description": "\n".join(lines), "content": body}
     if status in _STATUS_HEADERS:
         response["headers"] = _STATUS_HEADERS[status]
     return response

@@ -1,4 +1,4 @@
-"""Stand-in ``APIView``s for the plain async views (the ``stream_views`` modules, the chat view), never routed.
+"""Stand-in ``APIView``s for the plain async views (the ``stream_views`` modules, the chat and messages views).
 
 The event streams, ``POST /responses`` and ``GET /responses/{id}`` are not
 DRF views, so spectacular cannot read them: the generator documents each
@@ -14,6 +14,7 @@ from drf_spectacular.utils import OpenApiParameter, OpenApiResponse
 from rest_framework.views import APIView
 
 from tasks_app import exceptions as exc
+from tasks_app.anthropic import views as anthropic_views
 from tasks_app.api import stream_views as task_stream_views
 from tasks_app.api.schema_annotations import (
     CHAT_STREAM,
@@ -228,6 +229,8 @@ _STAND_INS: dict[Callable[..., Any], Callable[..., Any]] = {
     response_stream_views.response_detail: ResponseDetailOperations.as_view(),
     response_stream_views.response_cancel: ResponseCancelOperations.as_view(),
     chat_completions_views.chat_completions_create: ChatCompletionsOperations.as_view(),
+    # The async view's synchronous half, which carries the schema annotation.
+    anthropic_views.messages_create: anthropic_views.MessageCreateView.as_view(),
 }
 
 
