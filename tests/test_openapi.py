@@ -683,6 +683,10 @@ def test_every_answer_is_documented_and_every_documented_answer_happens(
     message_key = {"Idempotency-Key": "k-message"}
     call.live("POST", MESSAGES_PATH, url=MESSAGES_PATH, token=api.token, body=streamed_message, headers=message_key)
     call.here("POST", MESSAGES_PATH, token=api.token, body={**streamed_message, "top_k": 3}, headers=message_key)
+    # Its retry from its terminal event: nothing is left to send.
+    last = Task.objects.order_by("-id").values_list("last_sequence", flat=True).first()
+    ended = {**message_key, "Last-Event-ID": str(last)}
+    assert call.here("POST", MESSAGES_PATH, token=api.token, body=streamed_message, headers=ended).status == 204
     call.here("POST", MESSAGES_PATH, token=api.token, body={**message, "model": "nope"})
     call.here("POST", MESSAGES_PATH, token=api.token, body={**message, "container": "c"})
     call.here("POST", MESSAGES_PATH, token=api.token, raw="hello", content_type="text/plain")

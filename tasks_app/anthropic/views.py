@@ -36,7 +36,14 @@ from tasks_app.anthropic.messages import MessageEvents, message_failure, message
 from tasks_app.anthropic.serializers import CountTokensRequestSerializer, MessageRequestSerializer
 from tasks_app.anthropic.service import MessageStarted, message_abandon, message_start, message_tokens_count
 from tasks_app.anthropic.translate import message_spec
-from tasks_app.api.schema_annotations import EVENT_STREAM_MEDIA_TYPE, IDEMPOTENCY_KEY, LAST_EVENT_ID, operation
+from tasks_app.api.schema_annotations import (
+    EVENT_STREAM_MEDIA_TYPE,
+    IDEMPOTENCY_KEY,
+    LAST_EVENT_ID,
+    STREAM_FINISHED,
+    idempotent_replayed,
+    operation,
+)
 from tasks_app.api.stream_views import asks_to_stream
 from tasks_app.core.wire import Live, response_object
 from tasks_app.edge.auth import BearerTokenAuthentication, token_client
@@ -49,6 +56,7 @@ from tasks_app.models import Client
 from tasks_app.plumbing.dbpool import run_db, run_db_through_outages
 from tasks_app.plumbing.wakeups import Watch
 from tasks_app.selectors import tasks as selectors
+from tasks_app.selectors.tasks import StreamStart
 from tasks_app.services.idempotency import idempotency_key_validate, request_digest
 from tasks_app.services.responses import response_task_finished
 from tasks_app.states import RestartPolicy
@@ -92,7 +100,7 @@ class MessageCreateView(_MessagesView):
         "is `400 invalid_request_error` naming the field. A prompt over the model's context is refused before "
         "anything is queued (`prompt is too long: N tokens > M maximum`). Every error is Anthropic's "
         '`{"type": "error", "error": {"type", "message"}}` as `application/json`.',
-        parameters=[IDEMPOTENCY_KEY, LAST_EVENT_ID],
+        parameters=[IDEMPOTENCY_KEY, LAST_EVENT_ID, idempotent_replayed(200, 204)],
         request={"application/json": schema.MESSAGE_REQUEST},
         responses={
             (200, "application/json"): OpenApiResponse(
@@ -102,6 +110,7 @@ class MessageCreateView(_MessagesView):
             (200, EVENT_STREAM_MEDIA_TYPE): OpenApiResponse(
                 schema.MESSAGE_STREAM_SCHEMA, description=schema.MESSAGE_STREAM_DESCRIPTION
             ),
+            204: STREAM_FINISHED,
         },
         problems=[
             exc.InvalidRequest,
@@ -222,10 +231,15 @@ async def _stream(
     if started.started.replayed:
         # A retry of a streamed request: the first request's events, after its Last-Event-ID.
         try:
-            after = await run_db(_replay_after, request, task_id=task_id)
+            start = await run_db(_replay_start, request, task_id=task_id)
         except LmspError as error:
             slot.release()
             return problem_json_response(error, request)
+        if start.finished:
+            # The client has the end already: 204, as every task stream answers it.
+            slot.release()
+            return HttpResponse(status=204, headers={"Idempotent-Replayed": "true"})
+        after = start.after
     stream_format = MessageStreamFormat(input_tokens=started.input_tokens, resumable=resumable)
     response = event_stream(request, task_id, after, slot, stream_format=stream_format)
     if started.started.replayed:
@@ -233,10 +247,10 @@ async def _stream(
     return response
 
 
-def _replay_after(request: HttpRequest, *, task_id: str) -> int:
+def _replay_start(request: HttpRequest, *, task_id: str) -> StreamStart:
     after, field = stream_cursor(request)
     task = selectors.task_stream_task(task_id=task_id)
-    return selectors.task_stream_start(task=task, after=after, cursor_field=field).after
+    return selectors.task_stream_start(task=task, after=after, cursor_field=field)
 
 
 class MessageStreamFormat:
