@@ -351,3 +351,15 @@ def test_an_output_format_holds_the_answer_to_its_schema(sdk, running_worker):
             },
         )
     assert "output_config.format.schema" in caught.value.body["error"]["message"]
+
+
+def test_the_capabilities_name_each_protocols_base_url_and_its_sdk_works_there(api, web_server, running_worker):
+    protocols = httpx.get(f"{web_server.base}/lmsp/v1/capabilities").json()["protocols"]
+    assert set(protocols) == {"lmsp", "openai", "anthropic", "ollama"}
+
+    there = anthropic.Anthropic(base_url=web_server.base + protocols["anthropic"], api_key=api.token, max_retries=0)
+    assert there.messages.create(model="demo", max_tokens=2, messages=HELLO).type == "message"
+    tags = httpx.get(
+        f"{web_server.base}{protocols['ollama']}/api/tags", headers={"Authorization": f"Bearer {api.token}"}
+    )
+    assert "demo" in {model["name"] for model in tags.json()["models"]}
