@@ -138,6 +138,51 @@ def is_anthropic_refusal(label: str, status: int, body: dict[str, Any]) -> bool:
     )
 
 
+# Ollama's routes answer Ollama's {"error": "<code>: <detail>"} (tasks_app/ollama/errors.py): their refusals of
+# schema-valid requests are named by (operation, status, the start of the error). The same kinds of rules across
+# fields as above, and what depends on the model: its context (num_ctx, a long conversation), schemas the grammar
+# engine cannot compile, tool names, a stop beside a format, repeat_last_n beside a repetition penalty.
+OLLAMA_CHAT, OLLAMA_GENERATE, OLLAMA_SHOW = "POST /api/chat", "POST /api/generate", "POST /api/show"
+_OLLAMA_RULES = [
+    r"invalid_request: options\.num_ctx: \d+ is more than the model's context",
+    r"unsupported_parameter: options\.repeat_last_n: the repetition penalty reads the whole context",
+    r"unsupported_parameter: options\.stop: a stop string would cut the JSON",
+    r"invalid_request: the format's schema cannot be enforced",
+    # A stream: false generation whose prompt is over the model's context fails with its task's problem.
+    r"context_length_exceeded: ",
+]
+OLLAMA_REFUSALS = [
+    *((operation, 400, rule) for operation in (OLLAMA_CHAT, OLLAMA_GENERATE) for rule in _OLLAMA_RULES),
+    (OLLAMA_CHAT, 400, r"invalid_request: tool name .*: tool names must be unique"),
+    (OLLAMA_CHAT, 400, r"invalid_request: the parameters of tool .* cannot be enforced"),
+]
+
+
+def is_ollama_refusal(label: str, status: int, body: dict[str, Any]) -> bool:
+    """Whether this answer is one of ``OLLAMA_REFUSALS``."""
+    error = body.get("error")
+    if not isinstance(error, str) or set(body) != {"error"}:
+        return False
+    return any(
+        (operation, wanted) == (label, status) and re.match(rule, error) for operation, wanted, rule in OLLAMA_REFUSALS
+    )
+
+
+def _ollama_short(request: dict[str, Any]) -> None:
+    """An Ollama generation on the installed model, its ``options.num_predict`` at most ``MAX_OUTPUT_TOKENS``."""
+    _on_the_model(request)
+    if request.get("options") is None:
+        request["options"] = {}
+    options = request["options"]
+    if not isinstance(options, dict):
+        return
+    limit = options.get("num_predict")
+    if _is_allowed_int(limit, 1, 2**63):
+        options["num_predict"] = min(limit, MAX_OUTPUT_TOKENS)
+    elif limit in (None, -1, -2) and not isinstance(limit, bool):
+        options["num_predict"] = MAX_OUTPUT_TOKENS
+
+
 # A sample event to a URL that does not answer (docs/webhooks.md): the upstream's failure, not the server's.
 UNANSWERED_TEST = ("POST /lmsp/v1/webhook_endpoints/{webhook_endpoint_id}/test", 502, "webhook_test_failed")
 
@@ -175,6 +220,10 @@ def map_case(context: schemathesis.HookContext, case: schemathesis.Case) -> sche
     elif case.operation.label == MESSAGES:
         _shorten(body, "max_tokens")
     elif case.operation.label == COUNT_TOKENS:
+        _on_the_model(body)
+    elif case.operation.label in (OLLAMA_CHAT, OLLAMA_GENERATE):
+        _ollama_short(body)
+    elif case.operation.label == OLLAMA_SHOW:
         _on_the_model(body)
     return case
 
@@ -233,7 +282,11 @@ def filter_failure(
     """Keep every failure except a spec refusal of schema-valid data and an accepted unknown header."""
     if isinstance(failure, RejectedPositiveData):
         label, status, body = case.operation.label, response.status_code, _problem(response)
-        return not (is_spec_refusal(label, status, body) or is_anthropic_refusal(label, status, body))
+        return not (
+            is_spec_refusal(label, status, body)
+            or is_anthropic_refusal(label, status, body)
+            or is_ollama_refusal(label, status, body)
+        )
     if isinstance(failure, AcceptedNegativeData):
         return not is_unknown_header(case)
     if isinstance(failure, ServerError):

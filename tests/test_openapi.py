@@ -5,9 +5,12 @@ from __future__ import annotations
 import copy
 import json
 import re
+import shutil
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -28,9 +31,10 @@ from tasks_app.models import IdempotencyKey, ModelRecord, Task
 from tasks_app.plumbing.db_locks import lock_wait
 from tasks_app.services.clients import pairing_code_create
 from tasks_app.services.retention import retention_cleanup
-from tests.support.db import database_write_locked
+from tests.support.db import database_url, database_write_locked
 from tests.support.demo import ENDLESS_MODEL
-from tests.support.server import free_port
+from tests.support.hf_hub import hf_hub_stand_in
+from tests.support.server import REPO, free_port, uvicorn_process
 from tests.support.specs import spec_json
 from tests.support.sse import open_stream
 from tests.support.tasks import wait_for_status
@@ -38,6 +42,9 @@ from tests.support.waiting import wait_until
 from tests.support.webhooks import receiving
 
 API = "/lmsp/v1/"
+# Ollama's native API (docs/ollama.md), beside /lmsp/v1: its clients take a bare host.
+OLLAMA = "/api/"
+NDJSON = "application/x-ndjson"
 SCHEMA_PATH = "/lmsp/v1/openapi.json"
 DOCS_PATH = "/lmsp/v1/docs"
 # Routes of tasks_app/api/urls.py that serve the schema itself; the schema documents the API.
@@ -88,7 +95,7 @@ def test_the_schema_is_served_without_a_token_and_is_valid_openapi():
     validate(document)
 
     assert document["openapi"].startswith("3.1")
-    assert document["paths"] and all(path.startswith(API) for path in document["paths"])
+    assert document["paths"] and all(path.startswith((API, OLLAMA)) for path in document["paths"])
 
 
 def test_the_docs_page_is_swagger_ui_on_local_static_files():
@@ -124,14 +131,14 @@ def test_the_live_server_serves_the_docs_page_and_its_assets(transactional_db, w
 
 
 def api_routes() -> Iterator[tuple[str, str | None]]:
-    """(path template, route name) of every pattern mounted under /lmsp/v1/."""
+    """(path template, route name) of every pattern mounted under /lmsp/v1/ and Ollama's /api/."""
 
     def walk(patterns: list, prefix: str) -> Iterator[tuple[str, str | None]]:
         for pattern in patterns:
             route = prefix + str(pattern.pattern)
             if isinstance(pattern, URLResolver):
                 yield from walk(pattern.url_patterns, route)
-            elif isinstance(pattern, URLPattern) and ("/" + route).startswith(API):
+            elif isinstance(pattern, URLPattern) and ("/" + route).startswith((API, OLLAMA)):
                 yield "/" + re.sub(r"<(?:\w+:)?(\w+)>", r"{\1}", route), pattern.name
 
     return walk(get_resolver().url_patterns, "")
@@ -274,6 +281,26 @@ CANNOT_PRODUCE |= {
     ("post", path, status, "application/json") for path in (MESSAGES_PATH, COUNT_TOKENS_PATH) for status in (500, 507)
 }
 CANNOT_PRODUCE.add(("post", COUNT_TOKENS_PATH, 503, "application/json"))
+# Ollama's routes too (Ollama's {"error"}, application/json): their 500 and 507 as every operation's, but a failed
+# pull's 500 (driven below); the 503 of those that never wait for a lock.
+OLLAMA_OPERATIONS = {
+    ("get", "/api/version"),
+    ("get", "/api/tags"),
+    ("post", "/api/show"),
+    ("get", "/api/ps"),
+    ("post", "/api/chat"),
+    ("post", "/api/generate"),
+    ("post", "/api/pull"),
+}
+CANNOT_PRODUCE |= {(method, path, 507, "application/json") for method, path in OLLAMA_OPERATIONS}
+CANNOT_PRODUCE |= {
+    (method, path, status, "application/json")
+    for method, path in OLLAMA_OPERATIONS - {("post", "/api/chat"), ("post", "/api/generate")}
+    for status in (500, 503)
+    if (path, status) != ("/api/pull", 500)
+}
+# A generation's 500 is its failed task's stored problem (a failing backend, a model that does not load).
+CANNOT_PRODUCE |= {("post", path, 500, "application/json") for path in ("/api/chat", "/api/generate")}
 # Every operation's 500 needs an injected fault (a bug). Its 507, and the 503 of operations that never wait for a
 # lock, need a database that is away, read-only or full: tests/test_database_outages.py has those from live servers
 # (the 503 of the operations that write under a lock is still required here: the lock test below answers it).
@@ -376,6 +403,15 @@ class Ledger:
             self.faults.append(f"{where}: media type not documented ({sorted(content)})")
             return
         schema_at = pointer("paths", path, method, "responses", str(answer.status), "content", answer.media_type)
+        if answer.media_type == NDJSON:
+            # One JSON object a line (what Ollama's clients read): each line against the line's schema.
+            lines = [json.loads(line) for line in answer.body.decode().splitlines() if line.strip()]
+            if not lines:
+                self.faults.append(f"{where}: an NDJSON answer without lines")
+            for line in lines:
+                for error in self._invalid(schema_at + "/schema", line):
+                    self.faults.append(f"{where}: line {line}: {error}")
+            return
         if answer.media_type == EVENT_STREAM and path.endswith(CHAT_PATH):
             if not answer.events or answer.frames[-1] != {"data": "[DONE]"}:
                 self.faults.append(f"{where}: a chat stream without chunks or without [DONE] at its end")
@@ -440,6 +476,14 @@ class Caller:
         headers = {name.lower(): value for name, value in reply.headers.items()}
         return self.ledger.saw("POST", path, Answer(reply.status_code, headers, reply.content, chunks, frames))
 
+    def ndjson_live(self, path: str, *, token: str, body: Any, base: str | None = None) -> Answer:
+        """An Ollama answer from a live server (``base``: another than the session's), read to its end."""
+        reply = httpx.post(
+            f"{base or self.base}{path}", json=body, headers={"Authorization": f"Bearer {token}"}, timeout=120
+        )
+        headers = {name.lower(): value for name, value in reply.headers.items()}
+        return self.ledger.saw("POST", path, Answer(reply.status_code, headers, reply.content))
+
     def __init__(self, ledger: Ledger, base: str) -> None:
         self.ledger = ledger
         self.base = base
@@ -490,8 +534,29 @@ class Caller:
         return self.ledger.saw(method, path, answer)
 
 
+HUB_REPO = "lmsp-fixtures/qwen2-community"
+
+
+@contextmanager
+def pulling_server(tmp_path: Path, settings: Any) -> Iterator[Any]:
+    """A web server of its own whose pulls go to a stand-in Hugging Face Hub holding ``HUB_REPO``."""
+    models, repo = tmp_path / "models", tmp_path / "repo"
+    models.mkdir()
+    shutil.copytree(REPO / "tests" / "fixtures" / "models" / "qwen2-community", repo)
+    with hf_hub_stand_in({HUB_REPO: repo}) as hub:
+        env = {
+            "REDIS_URL": settings.REDIS_URL,
+            "LMSP_MODELS_DIR": str(models),
+            "HF_ENDPOINT": hub.url,
+            "HF_HOME": str(tmp_path / "hf-home"),
+            "HF_HUB_DISABLE_TELEMETRY": "1",
+        }
+        with uvicorn_process(database_url(), env) as server:
+            yield server
+
+
 def test_every_answer_is_documented_and_every_documented_answer_happens(
-    spec, api, make_client, running_worker, web_server, settings
+    spec, api, make_client, running_worker, web_server, settings, tmp_path
 ):
     ledger = Ledger(spec)
     call = Caller(ledger, web_server.base)
@@ -713,6 +778,48 @@ def test_every_answer_is_documented_and_every_documented_answer_happens(
     call.here("POST", COUNT_TOKENS_PATH, token=api.token, raw="hello", content_type="text/plain")
     call.here("POST", COUNT_TOKENS_PATH, token=api.token, raw=big)
 
+    # Ollama's native API (PROFILE.md 11.2, docs/ollama.md): its catalog, its generations waited for, streamed,
+    # refused, limited and cancelled, every error in Ollama's shape.
+    call.here("GET", "/api/version")
+    call.here("GET", "/api/tags", token=api.token)
+    call.here("GET", "/api/ps", token=api.token)
+    call.here("POST", "/api/show", token=api.token, body={"model": "demo"})
+    call.here("POST", "/api/show", token=api.token, body={"model": "nope"})
+    call.here("POST", "/api/show", token=api.token, body={"verbose": "yes"})
+    call.here("POST", "/api/show", token=api.token, raw=big)
+    hello = [{"role": "user", "content": "Hello"}]
+    for path, asks in (("/api/chat", {"messages": hello}), ("/api/generate", {"prompt": "Hello"})):
+        ask = {"model": "demo", **asks, "options": {"num_predict": 2}}
+        waited = {**ask, "stream": False}
+        call.here("POST", path, token=api.token, body=waited)
+        call.ndjson_live(path, token=api.token, body=ask)
+        call.here("POST", path, token=api.token, body={"model": "demo", "stream": False})  # a load request
+        call.here("POST", path, token=api.token, body={**waited, "model": "nope"})
+        call.here("POST", path, token=api.token, body={**waited, "think": True})
+        call.here("POST", path, token=api.token, raw="{not json", content_type="text/plain")
+        call.here("POST", path, token=api.token, raw=big)
+        with override_settings(LMSP_MAX_QUEUED_TASKS=0):
+            call.here("POST", path, token=api.token, body=waited)
+        with override_settings(LMSP_MAX_STREAMS_PER_CLIENT=0):
+            call.here("POST", path, token=api.token, body=ask)
+        with database_write_locked(), lock_wait(0.2):
+            call.here("POST", path, token=api.token, body=waited)
+        # A waiting generation whose task is cancelled (by an operator) answers 409.
+        endless = {**waited, "model": ENDLESS_MODEL, "options": {"num_predict": 8000}}
+        with ThreadPoolExecutor(1) as pool:
+            before = set(Task.objects.values_list("id", flat=True))
+            waiting_ollama = pool.submit(call.here, "POST", path, token=api.token, body=endless)
+            ollama_task = wait_until(
+                lambda before=before: Task.objects.exclude(id__in=before).filter(status="running").first(),
+                what=f"the waiting {path} never ran",
+            )
+            call.here("POST", cancel_path, url=fill(cancel_path, ollama_task.id), token=api.token)
+            assert waiting_ollama.result().status == 409
+    # POST /api/pull (admin): a library name is no repository; a body too large.
+    _, admin = make_client("root", scopes="admin")
+    call.here("POST", "/api/pull", token=admin, body={"model": "llama3.2"})
+    call.here("POST", "/api/pull", token=admin, raw=big)
+
     # POST /pair: a real code, then bad ones until the rate limit answers.
     _, code = pairing_code_create(scopes="read")
     call.here("POST", pair, body={"code": code, "client_name": "phone"})
@@ -787,6 +894,14 @@ def test_every_answer_is_documented_and_every_documented_answer_happens(
     call.here("GET", response_path, url=f"{stored_url}?stream=true", token=api.token)
     call.here("POST", responses, token=api.token, body=request, headers=keyed)
     call.here("POST", MESSAGES_PATH, token=api.token, body=streamed_message, headers=message_key)
+
+    # Pulls that run (last: the pulling server's start scans its own empty models folder, which unregisters
+    # the session's models): streamed and waited for, from a stand-in Hub, and one of a missing repository.
+    with pulling_server(tmp_path, settings) as puller:
+        for pulled in ({"model": f"hf.co/{HUB_REPO}"}, {"model": HUB_REPO, "stream": False}):
+            assert call.ndjson_live("/api/pull", token=admin, body=pulled, base=puller.base).status == 200
+        missing = {"model": "hf.co/lmsp-fixtures/missing", "stream": False}
+        assert call.ndjson_live("/api/pull", token=admin, body=missing, base=puller.base).status == 500
 
     assert ledger.faults == []
     unproduced = {

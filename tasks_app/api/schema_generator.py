@@ -16,13 +16,14 @@ on its own:
   status whose ``code`` enum, descriptions and examples come from the
   exception classes (``schema_problems.py``), so the schema cannot drift from
   the codes we raise.
-- Another protocol's routes (a view with ``schema_error_content``, the
-  Messages routes) answer every problem in that protocol's error shape
+- Another protocol's routes (a view with ``schema_error_content``: the
+  Messages routes, Ollama's ``/api/...``) answer every problem in that protocol's error shape
   (``tasks_app/edge/error_shapes.py``): their error answers are written by
   it, and the view's ``schema_components`` join the components.
 - Security: per operation from the views' ``scopes_by_method`` (``None`` is
   public), so the schema states exactly what ``HasRequiredScopes`` checks;
-  a view that also takes ``x-api-key`` lists it beside the bearer.
+  a view that also takes ``x-api-key`` lists it beside the bearer, and a
+  view's ``schema_auth_note`` (Ollama's anonymous rule) joins the note.
 - Strict requests: what the server refuses in every request (U+0000 in a
   string, an undeclared field) is stated on every request schema, so a
   request the schema allows is one the server takes.
@@ -43,6 +44,8 @@ from tasks_app.api.schema_problems import operation_problems, problem_classes, p
 from tasks_app.api.schema_stand_ins import documented_view
 
 API_PREFIX = "/lmsp/v1/"
+# Ollama's native API (tasks_app/ollama/): its clients take a bare host, so its routes sit beside /lmsp/v1.
+OLLAMA_PREFIX = "/api/"
 BEARER = "bearerAuth"
 API_KEY = "apiKeyAuth"
 STREAM_TOKEN = "streamToken"
@@ -50,10 +53,12 @@ STAFF_SESSION = "staffSession"
 
 
 class LmspEndpointEnumerator(EndpointEnumerator):
-    """The ``/lmsp/v1`` routes only (not the admin, not ``/metrics``), stand-ins included."""
+    """The ``/lmsp/v1`` and Ollama's ``/api`` routes only (not the admin, not ``/metrics``), stand-ins included."""
 
     def should_include_endpoint(self, path: str, callback: Callable[..., Any]) -> bool:
-        return path.startswith(API_PREFIX) and super().should_include_endpoint(path, documented_view(callback))
+        return path.startswith((API_PREFIX, OLLAMA_PREFIX)) and super().should_include_endpoint(
+            path, documented_view(callback)
+        )
 
     def get_allowed_methods(self, callback: Callable[..., Any]) -> list[str]:
         return super().get_allowed_methods(documented_view(callback))
@@ -76,6 +81,20 @@ class BearerTokenScheme(OpenApiAuthenticationExtension):
             "scheme": "bearer",
             "description": "A client's token (`lmsp_client create`, or `POST /pair`). Never in a URL.",
         }
+
+
+class OllamaAuthenticationScheme(OpenApiAuthenticationExtension):
+    """Ollama's routes take the same bearer: no scheme of their own (the hook writes their requirement, and
+    their anonymous rule goes in each operation's note)."""
+
+    target_class = "tasks_app.ollama.auth.OllamaAuthentication"
+    name: list[str] = []
+
+    def get_security_requirement(self, auto_schema: Any) -> None:
+        return None
+
+    def get_security_definition(self, auto_schema: Any) -> list[dict[str, Any]]:
+        return []
 
 
 API_KEY_AUTHENTICATION = "tasks_app.anthropic.views.ApiKeyAuthentication"
@@ -116,6 +135,7 @@ def _security(view_cls: type, method: str) -> tuple[list[dict[str, list[str]]], 
     if _takes_api_key(view_cls):
         requirements.append({API_KEY: list(scopes)})
         note += " The token may come as `x-api-key` instead."
+    note += getattr(view_cls, "schema_auth_note", "")
     if getattr(view_cls, "stream_readers", False):
         requirements += [{STREAM_TOKEN: []}, {STAFF_SESSION: []}]
         note += " For the event stream also a stream token (`?token=`) or a logged-in staff session."
@@ -148,6 +168,7 @@ def lmsp_postprocess(result: dict[str, Any], generator: SchemaGenerator, **kwarg
             method=method,
             public=not security,
             has_body="requestBody" in op,
+            any_content_type=getattr(view_cls, "schema_any_content_type", False),
         )
         responses = dict(op["responses"])
         # A protocol adapter's routes answer problems in its own error shape (tasks_app/edge/error_shapes.py).
@@ -283,6 +304,10 @@ found in a defined state after any crash or restart.
 **Auth.** `Authorization: Bearer <token>` on every operation except `GET /capabilities` and `POST /pair`.
 Scopes: `responses` (create responses and tasks, cancel own tasks), `read` (read own tasks, responses,
 events, models), `admin` (every scope, every client's tasks). Another client's task or response is `404`.
+
+**Ollama's native API** (tag `Ollama`, docs/ollama.md) sits at `/api/...` beside `/lmsp/v1`, as its clients
+take a bare host: the same tokens and scopes, its own shapes, and every error as Ollama's
+`{{"error": "..."}}` (`application/json`) with the status the problem below has.
 
 **Errors** are RFC 9457 problems (`application/problem+json`) with a `code`; each operation lists, per
 status, the codes it answers. The codes the operations answer:

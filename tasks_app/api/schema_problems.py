@@ -131,9 +131,15 @@ def problem_response(
 
 
 def operation_problems(
-    *, handler_problems: Sequence[type[exc.LmspError]], method: str, public: bool, has_body: bool
+    *,
+    handler_problems: Sequence[type[exc.LmspError]],
+    method: str,
+    public: bool,
+    has_body: bool,
+    any_content_type: bool = False,
 ) -> dict[int, list[type[exc.LmspError]]]:
-    """Every problem one operation answers, by status."""
+    """Every problem one operation answers, by status (``any_content_type``: a body is read as JSON whatever
+    its ``Content-Type`` says, so no 415)."""
     # Every operation reads or writes the database: while it is away, each answers 503 (507: its disk full).
     shared: list[type[exc.LmspError]] = [
         exc.MethodNotAllowed,
@@ -147,7 +153,7 @@ def operation_problems(
         shared.append(exc.PayloadTooLarge)
     if has_body:
         # The strict JSON parser's refusals (malformed JSON, not an object) and a wrong Content-Type.
-        shared += [exc.InvalidRequest, exc.UnsupportedMediaType]
+        shared += [exc.InvalidRequest] if any_content_type else [exc.InvalidRequest, exc.UnsupportedMediaType]
     by_status: dict[int, list[type[exc.LmspError]]] = {}
     for cls in [*handler_problems, *shared]:
         codes = by_status.setdefault(cls.status, [])

@@ -30,6 +30,8 @@ from tasks_app.api.schema_annotations import (
     operation,
 )
 from tasks_app.api.schema_components import ChatCompletionSchema, DeletedResponseSchema, ResponseSchema
+from tasks_app.ollama import pull as ollama_pull
+from tasks_app.ollama import views as ollama_views
 from tasks_app.openai.chat_completions import views as chat_completions_views
 from tasks_app.openai.chat_completions.serializers import ChatCompletionRequestSerializer
 from tasks_app.openai.responses import stream_views as response_stream_views
@@ -231,6 +233,9 @@ _STAND_INS: dict[Callable[..., Any], Callable[..., Any]] = {
     chat_completions_views.chat_completions_create: ChatCompletionsOperations.as_view(),
     # The async view's synchronous half, which carries the schema annotation.
     anthropic_views.messages_create: anthropic_views.MessageCreateView.as_view(),
+    ollama_views.chat: ollama_views.ChatView.as_view(),
+    ollama_views.generate: ollama_views.GenerateView.as_view(),
+    ollama_pull.pull: ollama_pull.PullView.as_view(),
 }
 
 

@@ -29,8 +29,11 @@ from django.views.decorators.csrf import csrf_exempt
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from tasks_app import exceptions as exc
+from tasks_app.api.schema_annotations import operation
 from tasks_app.edge.scoped_views import validated
 from tasks_app.exceptions import InvalidRequest, ModelPullFailed
+from tasks_app.ollama import schema
 from tasks_app.ollama.serializers import PullRequestSerializer
 from tasks_app.ollama.translate import line
 from tasks_app.ollama.views import NDJSON, OllamaView
@@ -54,8 +57,23 @@ def pull_target(name: str) -> tuple[str, str | None]:
 
 
 class PullView(OllamaView):
+    """``POST /api/pull``'s synchronous half; the schema documents the async ``pull`` through it."""
+
     scopes_by_method = {"POST": ADMIN}
 
+    @operation(
+        operation_id="ollama_pull",
+        tags=[schema.TAG],
+        summary="Pull a model from Hugging Face (Ollama's pull)",
+        description="The service's own pull (`lmsp_models pull`, docs/models.md) of an ONNX model: the name "
+        "says the repository, `hf.co/<owner>/<repo>[:<variant>]` (or without `hf.co/`), the variant a graph's "
+        "quantization; an Ollama library name is `400`. It runs in the web process; a client that leaves does "
+        'not stop it. A pull that fails after it began is a stream\'s last `{"error"}` line, or (`stream: '
+        "false`) `500` with the failure's text.",
+        request={"application/json": schema.PULL_REQUEST},
+        responses={(200, "application/json"): schema.PULL_ANSWER, (200, NDJSON): schema.PULL_STREAM},
+        problems=[exc.InvalidRequest],
+    )
     def post(self, request: Request) -> Response:
         data = validated(PullRequestSerializer, request.data)
         name = data.get("model") or data.get("name")

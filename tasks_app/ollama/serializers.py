@@ -20,8 +20,17 @@ from tasks_app.edge.strict_json import (
     StrictIntegerField,
     StrictSerializer,
 )
+from tasks_app.openai.responses.serializers import (
+    MAX_REPETITION_PENALTY,
+    MAX_SEED,
+    MAX_TOP_K,
+    MIN_REPETITION_PENALTY,
+    TopPField,
+)
 
 ROLES = ("system", "user", "assistant", "tool")
+# Ollama's default seed: a random one each time.
+RANDOM_SEED = -1
 
 
 class AnyJSONField(serializers.Field):
@@ -39,13 +48,17 @@ class OptionsSerializer(StrictSerializer):
 
     # Sampling.
     num_predict = StrictIntegerField(required=False, allow_null=True)
+    # The sampler's domains (workers/backends/sampling/settings.py), as on the other protocols' routes: a value
+    # outside one would fail the task after its accept.
     temperature = StrictFloatField(required=False, allow_null=True, min_value=0)
-    top_p = StrictFloatField(required=False, allow_null=True, min_value=0, max_value=1)
-    top_k = StrictIntegerField(required=False, allow_null=True, min_value=0)
+    top_p = TopPField(required=False, allow_null=True)
+    top_k = StrictIntegerField(required=False, allow_null=True, min_value=0, max_value=MAX_TOP_K)
     min_p = StrictFloatField(required=False, allow_null=True, min_value=0, max_value=1)
     typical_p = StrictFloatField(required=False, allow_null=True)
     tfs_z = StrictFloatField(required=False, allow_null=True)
-    repeat_penalty = StrictFloatField(required=False, allow_null=True)
+    repeat_penalty = StrictFloatField(
+        required=False, allow_null=True, min_value=MIN_REPETITION_PENALTY, max_value=MAX_REPETITION_PENALTY
+    )
     repeat_last_n = StrictIntegerField(required=False, allow_null=True)
     presence_penalty = StrictFloatField(required=False, allow_null=True, min_value=-2, max_value=2)
     frequency_penalty = StrictFloatField(required=False, allow_null=True, min_value=-2, max_value=2)
@@ -53,7 +66,7 @@ class OptionsSerializer(StrictSerializer):
     mirostat_tau = StrictFloatField(required=False, allow_null=True)
     mirostat_eta = StrictFloatField(required=False, allow_null=True)
     penalize_newline = StrictBooleanField(required=False, allow_null=True)
-    seed = StrictIntegerField(required=False, allow_null=True)
+    seed = StrictIntegerField(required=False, allow_null=True, min_value=RANDOM_SEED, max_value=MAX_SEED)
     stop = serializers.ListField(child=StrictCharField(allow_blank=True), required=False, allow_null=True)
     # The runner's: how the model is loaded and run.
     num_ctx = StrictIntegerField(required=False, allow_null=True)
@@ -88,7 +101,7 @@ class MessageSerializer(StrictSerializer):
     content = StrictCharField(required=False, allow_blank=True, allow_null=True, trim_whitespace=False)
     thinking = StrictCharField(required=False, allow_blank=True, allow_null=True, trim_whitespace=False)
     images = serializers.ListField(required=False, allow_null=True)
-    tool_calls = ToolCallSerializer(many=True, required=False, allow_null=True)
+    tool_calls = serializers.ListField(child=ToolCallSerializer(), required=False, allow_null=True)
     tool_name = StrictCharField(required=False, allow_blank=True, allow_null=True)
     tool_call_id = StrictCharField(required=False, allow_blank=True, allow_null=True)
 
@@ -118,8 +131,10 @@ class _GenerationSerializer(StrictSerializer):
 class ChatRequestSerializer(_GenerationSerializer):
     """``POST /api/chat``."""
 
-    messages = MessageSerializer(many=True, required=False, allow_null=True)
-    tools = ToolSerializer(many=True, required=False, allow_null=True)
+    # A ListField, not many=True: a list serializer's allow_null reaches its items too, and a null item is no
+    # message (or tool).
+    messages = serializers.ListField(child=MessageSerializer(), required=False, allow_null=True)
+    tools = serializers.ListField(child=ToolSerializer(), required=False, allow_null=True)
 
 
 class GenerateRequestSerializer(_GenerationSerializer):

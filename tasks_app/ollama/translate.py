@@ -35,6 +35,7 @@ from tasks_app.generation.spec import (
 )
 from tasks_app.generation.structured_output import schema_problem
 from tasks_app.generation.tool_calls import NAME_RE
+from tasks_app.ollama.serializers import RANDOM_SEED
 from tasks_app.states import ResponseStatus
 
 CHAT = "chat"
@@ -115,14 +116,14 @@ def is_load_only(data: Mapping[str, Any], kind: str) -> bool:
 
 def _common_check(data: Mapping[str, Any]) -> None:
     think = data.get("think")
-    if think not in (None, False):
+    if think is not None and think is not False:
         # As Ollama's own server answers for a model without a thinking mode.
         raise _refuse("think", f"model {data['model']!r} does not support thinking")
     if data.get("logprobs") is True or data.get("top_logprobs"):
         param = "logprobs" if data.get("logprobs") is True else "top_logprobs"
         raise _refuse(param, "log probabilities are not returned")
     keep_alive = data.get("keep_alive")
-    if keep_alive is not None and not isinstance(keep_alive, (str, int, float)):
+    if keep_alive is not None and (isinstance(keep_alive, bool) or not isinstance(keep_alive, (str, int, float))):
         raise InvalidRequest(
             "keep_alive must be a duration (a string such as '5m', or seconds)",
             errors=[{"field": "keep_alive", "message": "a duration"}],
@@ -160,7 +161,8 @@ def _options(options: Mapping[str, Any], context_length: int | None) -> tuple[tu
             "num_predict must be at least 1 (or -1: until the end)",
             errors=[{"field": "options.num_predict", "message": "at least 1, or -1"}],
         )
-    sampling = Sampling(**{ours: options[theirs] for theirs, ours in _OPTION_SAMPLING.items() if theirs in options})
+    given = {theirs: value for theirs, value in options.items() if not (theirs == "seed" and value == RANDOM_SEED)}
+    sampling = Sampling(**{ours: given[theirs] for theirs, ours in _OPTION_SAMPLING.items() if theirs in given})
     stops = tuple(stop for stop in options.get("stop") or () if stop)
     return stops, None if limit in (None, *_UNLIMITED) else limit, sampling
 
@@ -225,6 +227,12 @@ def _turns(messages: Sequence[Mapping[str, Any]]) -> list[Turn]:
         if message.get("images"):
             raise _refuse(f"messages[{index}].images", "images are not supported (text models only)")
         content = message.get("content") or ""
+        calls = message.get("tool_calls") or ()
+        if role != ASSISTANT and calls:
+            raise InvalidRequest(
+                f"messages[{index}]: only an assistant message carries tool_calls",
+                errors=[{"field": f"messages[{index}].tool_calls", "message": "assistant messages only"}],
+            )
         if role == TOOL:
             name = message.get("tool_name") or None
             match = next((call for call in open_calls if name is None or call[1] == name), None)
@@ -233,18 +241,18 @@ def _turns(messages: Sequence[Mapping[str, Any]]) -> list[Turn]:
             call_id = message.get("tool_call_id") or (match[0] if match else f"call_{index}")
             turns.append(Turn(TOOL, text=content, call_id=call_id))
             continue
-        calls = message.get("tool_calls") or ()
-        if role != ASSISTANT and calls:
-            raise InvalidRequest(
-                f"messages[{index}]: only an assistant message carries tool_calls",
-                errors=[{"field": f"messages[{index}].tool_calls", "message": "assistant messages only"}],
-            )
         if content or not calls:
             turns.append(Turn(SYSTEM if role == SYSTEM else role, text=content))
         open_calls = []
         for number, call in enumerate(calls):
             function = call["function"]
             arguments = function.get("arguments")
+            if not isinstance(arguments, (str, Mapping, type(None))):
+                field = f"messages[{index}].tool_calls[{number}].function.arguments"
+                raise InvalidRequest(
+                    f"{field}: a call's arguments are an object (or its JSON text)",
+                    errors=[{"field": field, "message": "an object"}],
+                )
             call_id = call.get("id") or f"call_{index}_{number}"
             text = arguments if isinstance(arguments, str) else json.dumps(arguments or {}, ensure_ascii=False)
             turns.append(Turn(ASSISTANT, call_id=call_id, name=function["name"], arguments=text))

@@ -22,7 +22,9 @@ from django.views.decorators.csrf import csrf_exempt
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from tasks_app import exceptions as exc
 from tasks_app import states
+from tasks_app.api.schema_annotations import operation
 from tasks_app.core.wire import Live, response_object
 from tasks_app.edge.negotiation import JSONOnlyNegotiation
 from tasks_app.edge.parsers import StrictJSONParser
@@ -31,7 +33,7 @@ from tasks_app.edge.scoped_views import READ, WRITE, ScopedAPIView, validated
 from tasks_app.edge.sse import StreamSlot, event_stream, stream_slot_take
 from tasks_app.exceptions import LmspError
 from tasks_app.models import ModelRecord
-from tasks_app.ollama import catalog
+from tasks_app.ollama import catalog, schema
 from tasks_app.ollama.auth import OllamaAuthentication, ollama_client
 from tasks_app.ollama.errors import OllamaModelNotFound
 from tasks_app.ollama.serializers import ChatRequestSerializer, GenerateRequestSerializer, ModelNameSerializer
@@ -78,6 +80,12 @@ class OllamaView(ScopedAPIView):
     authentication_classes = [OllamaAuthentication]
     parser_classes = [AnyContentJSONParser]
     content_negotiation_class = AnyContentNegotiation
+    # The schema (tasks_app/api/schema_generator.py): Ollama's components, its error shape for every problem,
+    # no 415 (a body is JSON whatever its Content-Type says), and the anonymous rule beside the bearer.
+    schema_components = schema.SCHEMA_COMPONENTS
+    schema_error_content = staticmethod(schema.error_content)
+    schema_any_content_type = True
+    schema_auth_note = schema.ANONYMOUS_NOTE
 
 
 def model_named(name: str | None) -> ModelRecord:
@@ -94,6 +102,15 @@ class VersionView(OllamaView):
     scopes_by_method = {"GET": None}
     authentication_classes: list[type] = []
 
+    @operation(
+        operation_id="ollama_version",
+        tags=[schema.TAG],
+        summary="Ollama's version (Ollama's native API)",
+        description="The Ollama release whose API the `/api/...` routes follow (docs/ollama.md); clients gate "
+        "features on it. This service's own version is in `GET /lmsp/v1/capabilities`.",
+        request=None,
+        responses={200: schema.VERSION_ANSWER},
+    )
     def get(self, request: Request) -> Response:
         return Response({"version": catalog.OLLAMA_VERSION})
 
@@ -101,6 +118,14 @@ class VersionView(OllamaView):
 class TagsView(OllamaView):
     scopes_by_method = {"GET": READ}
 
+    @operation(
+        operation_id="ollama_tags",
+        tags=[schema.TAG],
+        summary="List the models (Ollama's tags)",
+        description="Every registered model, by name, in Ollama's shape.",
+        request=None,
+        responses={200: schema.TAGS_ANSWER},
+    )
     def get(self, request: Request) -> Response:
         return Response(catalog.tags())
 
@@ -108,6 +133,16 @@ class TagsView(OllamaView):
 class ShowView(OllamaView):
     scopes_by_method = {"POST": READ}
 
+    @operation(
+        operation_id="ollama_show",
+        tags=[schema.TAG],
+        summary="Show a model (Ollama's show)",
+        description="The model's details, its facts under Ollama's `model_info` keys, its chat template and "
+        'what it can do. An unknown model (or none named) is `404 {"error": "model \'x\' not found"}`.',
+        request={"application/json": schema.SHOW_REQUEST},
+        responses={200: schema.SHOW_ANSWER},
+        problems=[exc.InvalidRequest, OllamaModelNotFound],
+    )
     def post(self, request: Request) -> Response:
         data = validated(ModelNameSerializer, request.data)
         return Response(catalog.show(model_named(data.get("model") or data.get("name"))))
@@ -116,6 +151,15 @@ class ShowView(OllamaView):
 class PsView(OllamaView):
     scopes_by_method = {"GET": READ}
 
+    @operation(
+        operation_id="ollama_ps",
+        tags=[schema.TAG],
+        summary="List the running models (Ollama's ps)",
+        description="The models a worker holds loaded to run a task now (an idle loaded model is not known, "
+        "so not listed).",
+        request=None,
+        responses={200: schema.PS_ANSWER},
+    )
     def get(self, request: Request) -> Response:
         return Response(catalog.running())
 
@@ -151,12 +195,65 @@ class _GenerationView(OllamaView):
         return answer
 
 
+# What a chat or generate request can be answered besides its 200 (the async half's too).
+_GENERATION_PROBLEMS = [
+    exc.InvalidRequest,
+    exc.UnsupportedParameter,
+    OllamaModelNotFound,
+    exc.ContextLengthExceeded,
+    exc.ResponseCancelled,
+    exc.QueueFull,
+    exc.TooManyStreams,
+    exc.DatabaseBusy,
+    exc.BackendError,
+    exc.ModelLoadFailed,
+    exc.ServerRestarted,
+]
+_GENERATION_DESCRIPTION = (
+    "Extension (PROFILE.md 11.2, for Ollama's clients): the request runs as a response task on the same workers "
+    "(listed by `GET /lmsp/v1/tasks`). `stream` defaults to true: NDJSON lines; `stream: false` waits and "
+    'answers one object, or the failure\'s `{"error"}` with its status (`409` for a cancelled generation). '
+    "A client that leaves before the end cancels the generation. A request with nothing to generate is "
+    "Ollama's load (or, with `keep_alive: 0`, unload) request, answered at once. `format`, `options.stop` and "
+    "`options.num_predict` are enforced; what asks for what this service lacks is `400` naming the field. "
+    'Every error is Ollama\'s `{"error": "..."}` as `application/json`.'
+)
+
+
 class ChatView(_GenerationView):
+    """``POST /api/chat``'s synchronous half; the schema documents the async ``chat`` through it."""
+
     kind = CHAT
+
+    @operation(
+        operation_id="ollama_chat",
+        tags=[schema.TAG],
+        summary="Chat (Ollama's chat)",
+        description=_GENERATION_DESCRIPTION,
+        request={"application/json": schema.CHAT_REQUEST},
+        responses={(200, "application/json"): schema.CHAT_ANSWER, (200, NDJSON): schema.CHAT_STREAM},
+        problems=_GENERATION_PROBLEMS,
+    )
+    def post(self, request: Request) -> Response:
+        return super().post(request)
 
 
 class GenerateView(_GenerationView):
+    """``POST /api/generate``'s synchronous half; the schema documents the async ``generate`` through it."""
+
     kind = GENERATE
+
+    @operation(
+        operation_id="ollama_generate",
+        tags=[schema.TAG],
+        summary="Generate from a prompt (Ollama's generate)",
+        description=_GENERATION_DESCRIPTION,
+        request={"application/json": schema.GENERATE_REQUEST},
+        responses={(200, "application/json"): schema.GENERATE_ANSWER, (200, NDJSON): schema.GENERATE_STREAM},
+        problems=_GENERATION_PROBLEMS,
+    )
+    def post(self, request: Request) -> Response:
+        return super().post(request)
 
 
 _chat_accept = ChatView.as_view()
