@@ -108,6 +108,21 @@ class UnsupportedParameter(LmspError):
         return {**super().to_problem(instance), "param": self.param}
 
 
+class StoredProblem(LmspError):
+    """A failed task's stored problem, answered as it is (its status, code and members): what a client
+    that waited for the end gets when the generation failed."""
+
+    def __init__(self, problem: Mapping[str, Any]) -> None:
+        self.problem = dict(problem)
+        self.status = int(problem.get("status", 500))
+        self.code = problem.get("code", "internal_error")
+        self.title = problem.get("title", "Internal server error")
+        super().__init__(problem.get("detail"), errors=problem.get("errors"))
+
+    def to_problem(self, instance: str | None = None) -> dict[str, Any]:
+        return {**self.problem, **({"instance": instance} if instance else {})}
+
+
 class ContextLengthExceeded(LmspError):
     """Raised when a request's prompt leaves the model no room for output (``truncation: disabled``)."""
 

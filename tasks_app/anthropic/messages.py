@@ -20,7 +20,7 @@ from tasks_app.anthropic.errors import anthropic_error
 from tasks_app.core.output_items import FUNCTION_CALL, has_function_calls
 from tasks_app.core.wire import usage_shown
 from tasks_app.events import EventType
-from tasks_app.exceptions import LmspError, ResponseCancelled
+from tasks_app.exceptions import LmspError, ResponseCancelled, StoredProblem
 from tasks_app.states import ResponseStatus
 
 MESSAGE_ID_PREFIX = "msg_"
@@ -105,20 +105,6 @@ def message_failure(response: Mapping[str, Any]) -> LmspError | None:
     if response["status"] == ResponseStatus.CANCELLED:
         return ResponseCancelled(f"the generation of {message_id(response['id'])} was cancelled before it ended")
     return None
-
-
-class StoredProblem(LmspError):
-    """A failed response's stored problem, answered with its own status and text."""
-
-    def __init__(self, problem: Mapping[str, Any]) -> None:
-        self.problem = dict(problem)
-        self.status = int(problem.get("status", 500))
-        self.code = problem.get("code", "internal_error")
-        self.title = problem.get("title", "Internal server error")
-        super().__init__(problem.get("detail"), errors=problem.get("errors"))
-
-    def to_problem(self, instance: str | None = None) -> dict[str, Any]:
-        return {**self.problem, **({"instance": instance} if instance else {})}
 
 
 def _frame(kind: str, body: Mapping[str, Any], event_id: str | None = None) -> bytes:

@@ -16,11 +16,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from tasks_app.exceptions import ContextLengthExceeded, TaskNotCancelable, UnsupportedCapability
+from tasks_app.exceptions import ContextLengthExceeded, UnsupportedCapability
 from tasks_app.generation.spec import GenerationSpec
-from tasks_app.models import Client, Task
+from tasks_app.models import Client
 from tasks_app.services.responses import ResponseStarted, response_start
-from tasks_app.services.tasks import task_cancel
 from tasks_app.states import Protocol, RestartPolicy
 
 logger = logging.getLogger(__name__)
@@ -89,14 +88,3 @@ def message_start(
         endpoint=MESSAGES_ENDPOINT,
     )
     return MessageStarted(started, counted[0] if counted is not None else None)
-
-
-def message_abandon(*, task_id: str) -> None:
-    """Cancel the task of a message whose client went away and cannot come back; one that ended stays."""
-    task = Task.objects.filter(pk=task_id).first()
-    if task is None:
-        return
-    try:
-        task_cancel(task=task)
-    except TaskNotCancelable:
-        pass

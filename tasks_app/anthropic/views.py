@@ -15,9 +15,7 @@ run). Claude Code sends no key: its Esc frees the model's row at once.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncGenerator, AsyncIterator
-from typing import Any
 
 from asgiref.sync import sync_to_async
 from django.db import connection
@@ -30,11 +28,10 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from tasks_app import exceptions as exc
-from tasks_app import states
 from tasks_app.anthropic import schema
 from tasks_app.anthropic.messages import MessageEvents, message_failure, message_object, message_stream
 from tasks_app.anthropic.serializers import CountTokensRequestSerializer, MessageRequestSerializer
-from tasks_app.anthropic.service import MessageStarted, message_abandon, message_start, message_tokens_count
+from tasks_app.anthropic.service import MessageStarted, message_start, message_tokens_count
 from tasks_app.anthropic.translate import message_spec
 from tasks_app.api.schema_annotations import (
     EVENT_STREAM_MEDIA_TYPE,
@@ -45,7 +42,7 @@ from tasks_app.api.schema_annotations import (
     operation,
 )
 from tasks_app.api.stream_views import asks_to_stream
-from tasks_app.core.wire import Live, response_object
+from tasks_app.api.task_waits import task_end_wait, task_response_read
 from tasks_app.edge.auth import BearerTokenAuthentication, token_client
 from tasks_app.edge.problems import problem_json_response
 from tasks_app.edge.scoped_views import WRITE, ScopedAPIView, validated
@@ -54,11 +51,10 @@ from tasks_app.edge.stream_cursor import stream_cursor
 from tasks_app.exceptions import InvalidRequest, LmspError
 from tasks_app.models import Client
 from tasks_app.plumbing.dbpool import run_db, run_db_through_outages
-from tasks_app.plumbing.wakeups import Watch
 from tasks_app.selectors import tasks as selectors
 from tasks_app.selectors.tasks import StreamStart
 from tasks_app.services.idempotency import idempotency_key_validate, request_digest
-from tasks_app.services.responses import response_task_finished
+from tasks_app.services.tasks import task_abandon
 from tasks_app.states import RestartPolicy
 
 
@@ -269,25 +265,12 @@ class MessageStreamFormat:
 
     def abandon(self, task_id: str) -> None:
         if not self.resumable:
-            message_abandon(task_id=task_id)
-
-
-def _finished_response(task_id: str) -> dict[str, Any]:
-    task = selectors.task_stream_task(task_id=task_id)
-    return response_object(selectors.response_read(response_id=task.response_id).response, Live())
+            task_abandon(task_id=task_id)
 
 
 async def _wait(request: HttpRequest, started: MessageStarted) -> HttpResponse:
-    task_id = started.started.task_id
-    try:
-        with Watch(task_id, statuses=states.TERMINAL) as watch:
-            while not await run_db_through_outages(response_task_finished, task_id=task_id):
-                await watch.wait(watch.hub.poll_interval())
-    except asyncio.CancelledError:
-        # The client went away (Django cancels the view on its disconnect): so does the generation.
-        await asyncio.shield(run_db(message_abandon, task_id=task_id))
-        raise
-    body = await run_db_through_outages(_finished_response, task_id)
+    await task_end_wait(started.started.task_id)
+    body = await run_db_through_outages(task_response_read, started.started.task_id)
     failure = message_failure(body)
     if failure is not None:
         return problem_json_response(failure, request)

@@ -8,11 +8,9 @@ from datetime import datetime
 from typing import Any
 
 from tasks_app.events import EventType
-from tasks_app.exceptions import TaskNotCancelable
 from tasks_app.generation.spec import GenerationSpec
 from tasks_app.models import Client, Task, TaskEvent
 from tasks_app.services.responses import ResponseStarted, response_start
-from tasks_app.services.tasks import task_cancel
 from tasks_app.states import Protocol
 
 # What marks the first output in a task's log: its first token was committed then.
@@ -33,17 +31,6 @@ def ollama_generation_start(
         protocol=Protocol.OLLAMA,
         endpoint=f"ollama.{endpoint}",
     )
-
-
-def ollama_generation_abandon(*, task_id: str) -> None:
-    """Cancel the task of a client that went away: an Ollama answer has no id to come back for."""
-    task = Task.objects.filter(pk=task_id).first()
-    if task is None:
-        return
-    try:
-        task_cancel(task=task)
-    except TaskNotCancelable:
-        pass
 
 
 def _ns(start: datetime | None, end: datetime | None) -> int:

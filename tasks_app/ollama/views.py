@@ -10,7 +10,6 @@ the end cancels the generation: an Ollama answer has no id to come back for.
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any
@@ -23,9 +22,8 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from tasks_app import exceptions as exc
-from tasks_app import states
 from tasks_app.api.schema_annotations import operation
-from tasks_app.core.wire import Live, response_object
+from tasks_app.api.task_waits import task_end_wait, task_response_read
 from tasks_app.edge.negotiation import JSONOnlyNegotiation
 from tasks_app.edge.parsers import StrictJSONParser
 from tasks_app.edge.problems import problem_json_response
@@ -37,7 +35,7 @@ from tasks_app.ollama import catalog, schema
 from tasks_app.ollama.auth import OllamaAuthentication, ollama_client
 from tasks_app.ollama.errors import OllamaModelNotFound
 from tasks_app.ollama.serializers import ChatRequestSerializer, GenerateRequestSerializer, ModelNameSerializer
-from tasks_app.ollama.service import ollama_generation_abandon, ollama_generation_start, ollama_timings
+from tasks_app.ollama.service import ollama_generation_start, ollama_timings
 from tasks_app.ollama.translate import (
     CHAT,
     GENERATE,
@@ -52,9 +50,9 @@ from tasks_app.ollama.translate import (
     output_text,
 )
 from tasks_app.plumbing.dbpool import run_db, run_db_through_outages
-from tasks_app.plumbing.wakeups import Watch
 from tasks_app.selectors import tasks as selectors
-from tasks_app.services.responses import ResponseStarted, response_task_finished
+from tasks_app.services.responses import ResponseStarted
+from tasks_app.services.tasks import task_abandon
 
 NDJSON = "application/x-ndjson"
 # keep_alive values that ask to unload the model (with nothing to generate): ``ollama stop`` sends 0.
@@ -351,24 +349,15 @@ class OllamaStreamFormat:
         yield line({"error": "the task's events ended before its end"})
 
     def abandon(self, task_id: str) -> None:
-        ollama_generation_abandon(task_id=task_id)
+        task_abandon(task_id=task_id)
 
 
 def _finished(task_id: str) -> tuple[dict[str, Any], dict[str, int]]:
-    task = selectors.task_stream_task(task_id=task_id)
-    body = response_object(selectors.response_read(response_id=task.response_id).response, Live())
-    return body, ollama_timings(task_id=task_id)
+    return task_response_read(task_id), ollama_timings(task_id=task_id)
 
 
 async def _wait(started: ResponseStarted, kind: str, model: str) -> HttpResponse:
-    try:
-        with Watch(started.task_id, statuses=states.TERMINAL) as watch:
-            while not await run_db_through_outages(response_task_finished, task_id=started.task_id):
-                await watch.wait(watch.hub.poll_interval())
-    except asyncio.CancelledError:
-        # The client went away (Django cancels the view on its disconnect): so does the generation.
-        await asyncio.shield(run_db(ollama_generation_abandon, task_id=started.task_id))
-        raise
+    await task_end_wait(started.task_id)
     body, timings = await run_db_through_outages(_finished, started.task_id)
     failure = failure_text(body)
     if failure is not None:

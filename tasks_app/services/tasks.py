@@ -178,6 +178,18 @@ def task_create(
     return reply
 
 
+def task_abandon(*, task_id: str) -> None:
+    """Cancel the task of a client that went away and cannot come back for it (a chat completion, an
+    unkeyed Messages stream, an Ollama answer: none has an id to follow again); one that ended stays."""
+    task = Task.objects.filter(pk=task_id).first()
+    if task is None:
+        return
+    try:
+        task_cancel(task=task)
+    except TaskNotCancelable:
+        pass
+
+
 def task_cancel(*, task: Task) -> Task:
     """Cancel a task (chapter 7.3) and return its current state.
 

@@ -2,18 +2,16 @@
 
 ``chat_completion_start`` accepts the translated request as a response
 (``response_start``: the same task, workers and engine); a chat client
-that leaves before the end cancels it (``chat_completion_abandon``),
+that leaves before the end cancels it (``services.tasks.task_abandon``),
 since a chat completion cannot be followed again.
 """
 
 from __future__ import annotations
 
-from tasks_app.exceptions import TaskNotCancelable
-from tasks_app.models import Client, Task
+from tasks_app.models import Client
 from tasks_app.openai.chat_completions.translate import ChatRequest
 from tasks_app.openai.responses.translate import accepted_spec
 from tasks_app.services.responses import ResponseStarted, response_start
-from tasks_app.services.tasks import task_cancel
 
 
 def chat_completion_start(*, client: Client, chat: ChatRequest) -> ResponseStarted:
@@ -26,14 +24,3 @@ def chat_completion_start(*, client: Client, chat: ChatRequest) -> ResponseStart
         request_hash=None,
         stream=chat.stream,
     )
-
-
-def chat_completion_abandon(*, task_id: str) -> None:
-    """Cancel the task of a chat completion whose client went away; one that ended stays as it is."""
-    task = Task.objects.filter(pk=task_id).first()
-    if task is None:
-        return
-    try:
-        task_cancel(task=task)
-    except TaskNotCancelable:
-        pass

@@ -22,6 +22,7 @@ from tasks_app.exceptions import (
     InvalidRequest,
     LmspError,
     ResponseCancelled,
+    StoredProblem,
     UnsupportedParameter,
     with_sdk_error,
 )
@@ -231,23 +232,6 @@ def chat_failure(response: Mapping[str, Any]) -> LmspError | None:
     if response["status"] == ResponseStatus.CANCELLED:
         return ResponseCancelled(f"the generation of {chat_id(response['id'])} was cancelled before it ended")
     return None
-
-
-class StoredProblem(LmspError):
-    """A failed response's stored problem, answered as it is (its status and code)."""
-
-    def __init__(self, problem: Mapping[str, Any]) -> None:
-        self.problem = dict(problem)
-        self.status = int(problem.get("status", 500))
-        self.code = problem.get("code", "internal_error")
-        self.title = problem.get("title", "Internal server error")
-        super().__init__(problem.get("detail"), errors=problem.get("errors"))
-
-    def to_problem(self, instance: str | None = None) -> dict[str, Any]:
-        body = dict(self.problem)
-        if instance:
-            body["instance"] = instance
-        return body
 
 
 def chat_completion_object(response: Mapping[str, Any]) -> dict[str, Any]:

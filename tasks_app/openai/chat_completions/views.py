@@ -10,9 +10,7 @@ completion has no id to come back for.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncGenerator, AsyncIterator
-from typing import Any
 
 from asgiref.sync import sync_to_async
 from django.db import connection
@@ -22,15 +20,14 @@ from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from tasks_app import states
 from tasks_app.api.stream_views import create_stream_slot
-from tasks_app.core.wire import Live, response_object
+from tasks_app.api.task_waits import task_end_wait, task_response_read
 from tasks_app.edge.problems import problem_json_response
 from tasks_app.edge.scoped_views import WRITE, ScopedAPIView, validated
 from tasks_app.edge.sse import StreamSlot, event_stream, stream_slot_take
 from tasks_app.exceptions import InvalidRequest, LmspError
 from tasks_app.openai.chat_completions.serializers import ChatCompletionRequestSerializer
-from tasks_app.openai.chat_completions.service import chat_completion_abandon, chat_completion_start
+from tasks_app.openai.chat_completions.service import chat_completion_start
 from tasks_app.openai.chat_completions.translate import (
     ChatChunks,
     chat_chunk_stream,
@@ -38,10 +35,9 @@ from tasks_app.openai.chat_completions.translate import (
     chat_failure,
     chat_request_to_response,
 )
-from tasks_app.plumbing.dbpool import run_db, run_db_through_outages
-from tasks_app.plumbing.wakeups import Watch
-from tasks_app.selectors import tasks as selectors
-from tasks_app.services.responses import ResponseStarted, response_task_finished
+from tasks_app.plumbing.dbpool import run_db_through_outages
+from tasks_app.services.responses import ResponseStarted
+from tasks_app.services.tasks import task_abandon
 
 
 class ChatCompletionCreateView(ScopedAPIView):
@@ -73,11 +69,6 @@ def _accepted(request: HttpRequest) -> HttpResponse:
         # The wait or stream reads through the pool: the request's own connection goes back now.
         connection.close()
     return response
-
-
-def _finished_response(task_id: str) -> dict[str, Any]:
-    task = selectors.task_stream_task(task_id=task_id)
-    return response_object(selectors.response_read(response_id=task.response_id).response, Live())
 
 
 @csrf_exempt
@@ -128,19 +119,12 @@ class ChatStreamFormat:
         return chat_chunk_stream(events, self.chunks)
 
     def abandon(self, task_id: str) -> None:
-        chat_completion_abandon(task_id=task_id)
+        task_abandon(task_id=task_id)
 
 
 async def _wait(request: HttpRequest, started: ResponseStarted) -> HttpResponse:
-    try:
-        with Watch(started.task_id, statuses=states.TERMINAL) as watch:
-            while not await run_db_through_outages(response_task_finished, task_id=started.task_id):
-                await watch.wait(watch.hub.poll_interval())
-    except asyncio.CancelledError:
-        # The client went away (Django cancels the view on its disconnect): so does the generation.
-        await asyncio.shield(run_db(chat_completion_abandon, task_id=started.task_id))
-        raise
-    body = await run_db_through_outages(_finished_response, started.task_id)
+    await task_end_wait(started.task_id)
+    body = await run_db_through_outages(task_response_read, started.task_id)
     failure = chat_failure(body)
     if failure is not None:
         return problem_json_response(failure, request)
