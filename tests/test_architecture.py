@@ -190,6 +190,23 @@ def test_starting_a_web_or_worker_process_imports_no_inference_library():
     assert shown.stdout.strip() == "[]"
 
 
+def test_counting_a_prompt_in_a_web_process_loads_no_onnx_runtime(demo_models_root):
+    """The web's ``count_tokens`` and context check (decision 0014) read the tokenizer and the template
+    only: the runtime, and the memory it takes, stay out of the web process."""
+    probe = (
+        "import os, sys, pathlib; os.environ.setdefault('DJANGO_SETTINGS_MODULE', 'lmsp_project.settings');"
+        "import django; django.setup();"
+        "from workers.backends.base import Prompt;"
+        "from workers.backends.onnx.prompt_text import PromptText;"
+        f"text = PromptText.of_folder(pathlib.Path({str(demo_models_root / 'demo')!r}));"
+        "ids = text.ids(Prompt.of_text('Hello', system='Be brief.'));"
+        "print(len(ids) > 0, sorted(m for m in ('onnxruntime', 'onnx') if m in sys.modules))"
+    )
+    env = {**os.environ, "DATABASE_URL": "sqlite:///:memory:"}
+    shown = subprocess.run([sys.executable, "-c", probe], cwd=REPO, env=env, capture_output=True, text=True, check=True)
+    assert shown.stdout.strip() == "True []"
+
+
 # --------------------------------------------------------------------------- #
 # The wings, and which way they import (docs/architecture.md)
 # --------------------------------------------------------------------------- #

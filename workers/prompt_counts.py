@@ -70,7 +70,7 @@ def _prompt_text(folder: Path) -> PromptText:
             _texts.move_to_end(key)
             return _texts[key]
     try:
-        text = PromptText(folder)
+        text = PromptText.of_folder(folder)
     except ModelLoadError as exc:
         raise PromptCountUnavailable(str(exc)) from None
     with _lock:

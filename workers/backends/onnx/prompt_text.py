@@ -44,16 +44,29 @@ def _with_tools(
 class PromptText:
     """The tokenizer, the chat template and the context length of one model folder."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(
+        self,
+        folder: Path,
+        *,
+        config: Mapping[str, Any],
+        genai: Mapping[str, Any],
+        tokenizer_config: Mapping[str, Any],
+    ) -> None:
+        """The configs as the caller read them: each file is read once (one may be a pipe, read only once)."""
         self.folder = folder
-        genai = read_json(folder / GENAI_CONFIG, required=False)
-        config = read_json(folder / "config.json", required=not genai)
-        tokenizer_config = read_json(folder / "tokenizer_config.json", required=False)
         self.tokenizer = load_tokenizer(folder)
         template = read_template(folder, tokenizer_config)
         self.template = ChatTemplate(template, folder, tokenizer_config) if template else None
         self.chat_template_source = template or None
         self.context_length = context_length(config, genai, folder)
+
+    @classmethod
+    def of_folder(cls, folder: Path) -> PromptText:
+        """A folder's prompt side, its configs read here (where no model is loaded: ``workers.prompt_counts``)."""
+        genai = read_json(folder / GENAI_CONFIG, required=False)
+        config = read_json(folder / "config.json", required=not genai)
+        tokenizer_config = read_json(folder / "tokenizer_config.json", required=False)
+        return cls(folder, config=config, genai=genai, tokenizer_config=tokenizer_config)
 
     def render(self, prompt: Prompt, *, dropped: int = 0, tools: ToolPrompt | None = None) -> str:
         """The prompt as the text the model was trained on (its chat template, add_generation_prompt)."""
