@@ -463,6 +463,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         marker
         for marker, variable in (
             ("database_free", "LMSP_TEST_DATABASE_FREE_DONE"),
+            ("sqlite_pass", "LMSP_TEST_DATABASE_FREE_DONE"),
             ("postgres_pass", "LMSP_TEST_POSTGRES_PASS_FOLLOWS"),
         )
         if os.environ.get(variable) == "1"
