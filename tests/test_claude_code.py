@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -45,6 +46,7 @@ TIMEOUT_SECONDS = 240
 CLIENT = "claude-code"
 # The probe's model and the scripted one: names of as many tokens (checked), so the prompts are as long.
 PROBE_MODEL = "claude-probe"
+PROBE_CONTEXT = 1024
 TOOL_MODEL = "claude-tools"
 TOOL_PROMPT = "Read the note."
 LONG_MODEL = "demo-64k"
@@ -199,22 +201,24 @@ def test_a_prompt_past_the_models_context_is_refused_in_the_words_claude_code_sh
     assert claude_responses() == []
 
 
-def test_auto_permission_mode_the_interactive_default_is_answered_without_anthropics_safeguards(claude):
+def test_auto_permission_mode_the_interactive_default_gets_past_the_refusal_of_anthropics_safeguards(
+    claude, probe_model
+):
     # Auto, the interactive default, sends ``safeguards`` (Anthropic's server-side check of dangerous tool use)
-    # on a session's first request; the service cannot run that check, refuses the field by name, and Claude
-    # Code sends the request again without it.
-    run = claude("Say hello.", "--permission-mode", "auto")
+    # on a session's first request; the service cannot run that check and refuses the field by name, and
+    # Claude Code sends the request again without it. On the probe model that request is counted and refused
+    # as too long for its context: what Claude Code shows is that, not the refusal of ``safeguards``.
+    run = claude("Say hello.", "--permission-mode", "auto", model=probe_model)
 
-    assert run.returncode == 0, run.report()
-    (response,) = claude_responses()
-    assert response.status == "completed"
-    assert "safeguards" not in response.request
-    assert run.stdout.strip() == text_of(response) != ""
+    assert run.returncode == 1, run.report()
+    assert re.search(rf"~\d+ tokens \(limit {PROBE_CONTEXT - 1}\)", run.stdout), run.report()
+    assert "safeguards" not in run.stdout + run.stderr, run.report()
 
 
-def _scripted_copy(root: Path, name: str, *, prompt_tokens: int | None, script: str) -> str:
+def _scripted_copy(root: Path, name: str, *, prompt_tokens: int | None, script: str, context: int | None = None) -> str:
     """``root/name``: the demo model, scripted to write ``script`` after a prompt of ``prompt_tokens`` (None:
-    a plain copy), built once per session (the prompt's length is the session's: its working directory)."""
+    a plain copy, of ``context`` tokens if given), built once per session (the prompt's length is the
+    session's: its working directory)."""
     folder = root / name
     if not folder.exists():
         source = root / "demo"
@@ -222,6 +226,9 @@ def _scripted_copy(root: Path, name: str, *, prompt_tokens: int | None, script: 
         shutil.rmtree(staging, ignore_errors=True)
         if prompt_tokens is None:
             shutil.copytree(source, staging, ignore=shutil.ignore_patterns("endless"))
+            if context is not None:
+                config = json.loads((staging / "config.json").read_text())
+                (staging / "config.json").write_text(json.dumps({**config, "max_position_embeddings": context}))
         else:
             tokenizer = Tokenizer.from_file(str(source / "tokenizer.json"))
             eos = json.loads((source / "generation_config.json").read_text())["eos_token_id"]
@@ -238,7 +245,14 @@ def _scripted_copy(root: Path, name: str, *, prompt_tokens: int | None, script: 
 
 
 @pytest.fixture
-def tool_model(claude, claude_workdir: Path, worker_models_root: Path) -> tuple[str, str]:
+def probe_model(worker_models_root: Path) -> str:
+    """A copy of demo whose context is too small for Claude Code's prompt: the service counts the prompt at
+    accept and refuses it, and Claude Code shows the count, with no prefill of its ~28k tokens."""
+    return _scripted_copy(worker_models_root, PROBE_MODEL, prompt_tokens=None, script="", context=PROBE_CONTEXT)
+
+
+@pytest.fixture
+def tool_model(claude, claude_workdir: Path, worker_models_root: Path, probe_model: str) -> tuple[str, str]:
     """The demo model scripted to call ``Read`` on the note after a prompt as long as Claude Code's first one;
     the call it writes."""
     tokenizer = Tokenizer.from_file(str(worker_models_root / "demo" / "tokenizer.json"))
@@ -246,11 +260,11 @@ def tool_model(claude, claude_workdir: Path, worker_models_root: Path) -> tuple[
     assert len(tokenizer.encode(sentence.format(PROBE_MODEL)).ids) == len(
         tokenizer.encode(sentence.format(TOOL_MODEL)).ids
     )
-    _scripted_copy(worker_models_root, PROBE_MODEL, prompt_tokens=None, script="")
     # The same words as the run's: Claude Code's prompt is then the same length, token for token.
-    probe = claude(TOOL_PROMPT, model=PROBE_MODEL)
-    assert probe.returncode == 0, probe.report()
-    prompt_tokens = claude_responses()[-1].usage["input_tokens"]
+    probe = claude(TOOL_PROMPT, model=probe_model)
+    shown = re.search(rf"~(\d+) tokens \(limit {PROBE_CONTEXT - 1}\)", probe.stdout)
+    assert probe.returncode == 1 and shown, probe.report()
+    prompt_tokens = int(shown[1])
     call = json.dumps({"name": "Read", "arguments": {"file_path": str(claude_workdir / "note.txt")}})
     marker = worker_models_root / f"{TOOL_MODEL}.prompt-tokens"
     if marker.exists():
