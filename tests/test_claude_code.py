@@ -155,39 +155,32 @@ def long_context_model(worker_models_root: Path) -> str:
     return LONG_MODEL
 
 
-@pytest.mark.parametrize(
-    ("tool_search", "bearer"),
-    [
-        pytest.param(None, True, id="tool-search-on-bearer"),
-        pytest.param("false", False, id="tool-search-off-x-api-key"),
-    ],
-)
-def test_a_prompt_with_claude_codes_defaults_is_answered_with_the_stored_text(
-    claude, tool_search, bearer, request: pytest.FixtureRequest
-):
-    extra = {"ENABLE_TOOL_SEARCH": tool_search} if tool_search else {}
-    model = request.getfixturevalue("long_context_model") if tool_search == "false" else "demo"
-
-    run = claude("Say hello.", model=model, bearer=bearer, **extra)
-
-    assert run.returncode == 0, run.report()
-    (response,) = claude_responses()
-    assert response.status == "completed", (response.error, run.report())
-    assert response.protocol == "anthropic"
-    request = response.request
-    # Claude Code's defaults, accepted as they come (PROFILE.md 11.1).
+def assert_claude_codes_defaults(request: dict[str, Any], *, tool_search: bool) -> None:
+    """What Claude Code sends with its defaults, accepted as it comes (PROFILE.md 11.1)."""
     assert request["stream"] is True
     assert request["system"][0]["text"].startswith("x-anthropic-billing-header:")
     assert {"thinking", "metadata", "max_tokens"} <= set(request)
     names = tool_names(request)
     assert {"Bash", "Read", "Edit", "Write"} <= set(names)
-    if tool_search:
-        assert "ToolSearch" not in names and not any(tool.get("defer_loading") for tool in request["tools"])
-    else:
-        assert "ToolSearch" in names and any(tool.get("defer_loading") for tool in request["tools"])
+    deferred = any(tool.get("defer_loading") for tool in request["tools"])
+    assert ("ToolSearch" in names and deferred) is tool_search
+    assert ("ToolSearch" not in names and not deferred) is not tool_search
+
+
+def test_a_prompt_with_tool_search_off_and_the_api_key_header_is_answered_with_the_stored_text(
+    claude, long_context_model: str
+):
+    # Tool search on, the default, and the bearer token are the tool round trip's below (its first request).
+    run = claude("Say hello.", model=long_context_model, bearer=False, ENABLE_TOOL_SEARCH="false")
+
+    assert run.returncode == 0, run.report()
+    (response,) = claude_responses()
+    assert response.status == "completed", (response.error, run.report())
+    assert response.protocol == "anthropic"
+    assert_claude_codes_defaults(response.request, tool_search=False)
     # What the user is shown is what the service stored, and the prompt is Claude Code's whole long one.
     assert run.stdout.strip() == text_of(response) != ""
-    assert response.usage["input_tokens"] > 8192
+    assert response.usage["input_tokens"] > 32768
 
 
 def test_a_prompt_past_the_models_context_is_refused_in_the_words_claude_code_shows(claude):
@@ -283,6 +276,9 @@ def test_a_tool_round_trip_reads_the_file_with_claude_codes_read_tool_and_answer
     assert run.returncode == 0, run.report()
     call_turn, answer_turn = claude_responses()[-2:]
     assert (call_turn.model, answer_turn.model) == (model, model)
+    # Its first request is Claude Code's defaults as they come: tool search on, a bearer token.
+    assert_claude_codes_defaults(call_turn.request, tool_search=True)
+    assert call_turn.usage["input_tokens"] > 8192
     (call,) = [item for item in call_turn.output if item["type"] == "function_call"]
     assert (call["name"], json.loads(call["arguments"])) == ("Read", {"file_path": path})
     # Claude Code read the file and sent its content back as the tool_use's result in the next request.
