@@ -69,6 +69,7 @@ from sse_fanout import (
     machine_cpu_seconds,
     parse_stream,
     pick_loop,
+    rss_of_group,
     summarize_ms,
 )
 from tokenizers import Tokenizer
@@ -650,6 +651,9 @@ def goals(report: dict[str, Any]) -> list[dict[str, Any]]:
             round(prefill + TTFT_SLACK_MS, 3) if prefill is not None else None,
             "plain prefill + 10 ms",
         )
+        if data.get("rss_mib"):
+            rss = data["rss_mib"]
+            print(f"resident memory after the rounds: worker processes {rss['worker']} MiB, engine {rss['engine']} MiB")
         join = data.get("join")
         if join:
             steady = join.get("steady_step_ms")
@@ -792,6 +796,8 @@ async def run_service(svc: Service, args: argparse.Namespace, report: dict[str, 
         data["ttft_single"] = await measure_ttft_single(svc, args, name, model, plain)
         if args.join:
             data["join"] = await measure_join(svc, args, name, model, plain)
+        if svc.worker is not None:
+            data["rss_mib"] = rss_of_group(svc.worker.pid)
 
 
 # --------------------------------------------------------------------------

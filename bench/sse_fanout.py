@@ -47,7 +47,7 @@ import urllib.error
 import urllib.request
 from array import array
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -89,13 +89,9 @@ def thread_count(pid: int) -> int:
     return proc_status(pid, "Threads:")
 
 
-def cpu_seconds_of_group(pgid: int) -> float:
-    """User+system CPU of the live processes of a process group.
-
-    The worker is a prefork parent plus a child that does the work, so the
-    group (each service runs in its own session) is the honest unit.
-    """
-    total = 0
+def group_processes(pgid: int) -> Iterator[tuple[int, list[str]]]:
+    """The live processes of a process group: each pid with its ``/proc/<pid>/stat`` fields from the state on
+    (field 3 at index 0)."""
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -106,8 +102,30 @@ def cpu_seconds_of_group(pgid: int) -> float:
             continue
         rest = text[text.rfind(")") + 2 :].split()
         if int(rest[2]) == pgid:
-            total += int(rest[11]) + int(rest[12])
-    return total / CLK_TCK
+            yield int(entry), rest
+
+
+def cpu_seconds_of_group(pgid: int) -> float:
+    """User+system CPU of the live processes of a process group.
+
+    The worker is a prefork parent plus a child that does the work (and, since issue 44, each worker process's
+    engine process), so the group (each service runs in its own session) is the honest unit.
+    """
+    return sum(int(rest[11]) + int(rest[12]) for _, rest in group_processes(pgid)) / CLK_TCK
+
+
+def rss_of_group(pgid: int) -> dict[str, float]:
+    """Resident memory (MiB) of a worker's processes: its engine processes (since issue 44) and the rest."""
+    found: dict[str, float] = {"worker": 0.0, "engine": 0.0}
+    for pid, rest in group_processes(pgid):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+                command = cmdline.read()
+        except OSError:
+            continue
+        kind = "engine" if b"workers.engine_process.host" in command else "worker"
+        found[kind] += int(rest[21]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    return {kind: round(mib, 1) for kind, mib in found.items()}
 
 
 def cpu_pressure_seconds() -> float:

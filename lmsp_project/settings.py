@@ -373,6 +373,13 @@ LMSP_RECOVER_INSPECT_SECONDS = float(os.environ.get("LMSP_RECOVER_INSPECT_SECOND
 LMSP_RECOVER_DISPATCH_SECONDS = float(os.environ.get("LMSP_RECOVER_DISPATCH_SECONDS", "2.0"))
 # Models kept loaded per worker process (least recently used goes first).
 LMSP_WORKER_MAX_MODELS = _env_int("LMSP_WORKER_MAX_MODELS", 2)
+# Each worker process runs its models in an engine process of its own (docs/workers.md). One that says
+# nothing for this long (it speaks twice a second) is taken for frozen and killed; its rows are handed
+# back by their on_restart policy. The first word may take longer: the process starts and imports.
+LMSP_ENGINE_SILENCE_SECONDS = _env_float("LMSP_ENGINE_SILENCE_SECONDS", 10.0)
+LMSP_ENGINE_START_SECONDS = _env_float("LMSP_ENGINE_START_SECONDS", 60.0)
+if LMSP_ENGINE_SILENCE_SECONDS <= 0 or LMSP_ENGINE_START_SECONDS <= 0:
+    raise ImproperlyConfigured("LMSP_ENGINE_SILENCE_SECONDS and LMSP_ENGINE_START_SECONDS must be > 0")
 # A model's tool-call family where its template does not say it (docs/tools.md): "name=family,..."
 # (a name without a tag covers all its tags), e.g. "my-llama=llama3_json".
 LMSP_TOOL_FORMATS = dict(

@@ -45,7 +45,7 @@ from contextlib import ExitStack
 from django.conf import settings
 from django.db import close_old_connections
 
-from tasks_app import faults, states
+from tasks_app import states
 from tasks_app.core import lifecycle
 from tasks_app.core.lifecycle import TransitionResult
 from tasks_app.core.output_items import OutputItems
@@ -369,7 +369,7 @@ def _resume_generation(
             "text": text,
         }
         params = sampling_params_of(spec, model, run.model_name)
-        run.generation = model.resume(backend_state, params, should_stop=faults.slowed(cancelled.is_set))
+        run.generation = model.resume(backend_state, params, should_stop=cancelled.is_set)
         logger.info(
             "task %s resumed after %d output tokens, seed %d",
             run.task_id,
@@ -397,7 +397,7 @@ def _generate(run: Run, model: LoadedModel, spec: GenerationSpec, cancelled: thr
             ToolCallParser(fmt, max_calls=spec.tool_choice.max_calls),
             OutputItems(call_id_length=fmt.call_id_length, namespaces=spec.namespaces),
         )
-    run.generation = model.generate(prompt_ids, params, should_stop=faults.slowed(cancelled.is_set))
+    run.generation = model.generate(prompt_ids, params, should_stop=cancelled.is_set)
     # Taken before the engine has the generation; the prefill then overlaps the start's commit.
     first = run.snapshot()
     stream = _submit(run, model)

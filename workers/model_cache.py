@@ -1,8 +1,9 @@
-"""Models loaded once per worker process and kept while they are in use.
+"""Models loaded once per worker process (in its engine process) and kept while they are in use.
 
 A worker process owns one device; loading a model is its most expensive
 step, so loaded models are kept (least recently used is closed first) and
-reloaded only when the models table says the files changed.
+reloaded only when the models table says the files changed, or when the engine
+process that held them was lost (``workers.engine_process``).
 
 Many task threads share a process (and a model's batch engine), so a model
 is taken with :meth:`ModelCache.lease`: one in use is never closed under its
@@ -23,9 +24,8 @@ from dataclasses import dataclass
 from django.conf import settings
 
 from tasks_app.selectors.tasks import model_find_by_name
-from workers.backends import get_backend
-from workers.backends.base import LoadedModel
 from workers.backends.errors import ModelLoadError
+from workers.engine_process.client import RemoteModel, model_load
 
 logger = logging.getLogger(__name__)
 
@@ -33,7 +33,7 @@ logger = logging.getLogger(__name__)
 @dataclass(eq=False)
 class _Entry:
     digest: str
-    model: LoadedModel
+    model: RemoteModel
     users: int = 0
     retired: bool = False
     """Out of the cache (evicted or replaced); closed when its last user leaves."""
@@ -46,7 +46,7 @@ class ModelCache:
         self._lock = threading.Lock()
 
     @contextmanager
-    def lease(self, name: str) -> Iterator[LoadedModel]:
+    def lease(self, name: str) -> Iterator[RemoteModel]:
         """The loaded model ``name``, kept open until the block ends; raises ``ModelLoadError``."""
         entry = self._acquire(name)
         try:
@@ -70,7 +70,7 @@ class ModelCache:
             raise ModelLoadError(f"model {name!r} is no longer registered")
         with self._lock:
             entry = self._entries.get(record.name)
-            if entry is not None and entry.digest == record.digest:
+            if entry is not None and entry.digest == record.digest and not entry.model.lost:
                 self._entries.move_to_end(record.name)
                 entry.users += 1
                 return entry
@@ -83,8 +83,12 @@ class ModelCache:
                 logger.info("unloading model %s to make room", old_name)
                 self._retire(self._entries.pop(old_name))
             started = time.perf_counter()
-            model = get_backend(record.backend).load(
+            # Into this worker's engine process (started here if it is not running, or was lost).
+            model = model_load(
+                record.backend,
                 settings.LMSP_MODELS_DIR / record.path,
+                silence_seconds=settings.LMSP_ENGINE_SILENCE_SECONDS,
+                start_seconds=settings.LMSP_ENGINE_START_SECONDS,
                 graph=record.graph,
                 device=settings.LMSP_DEVICE,
                 device_id=settings.LMSP_DEVICE_ID,

@@ -22,7 +22,7 @@ from workers.database_retries import DatabaseGaveUp, committed, database_unavail
 from workers.run_metrics import commit_group_observed
 from workers.run_problems import is_fault, runtime_problem
 from workers.run_state import Run, ToolRun, run_usage
-from workers.shutdown import task_handed_back_log
+from workers.shutdown import SHUT_DOWN, task_handed_back_log
 
 # Every line of a task's run goes under one logger, wherever its code lives: an operator follows a run by it.
 logger = logging.getLogger("workers.execution")
@@ -127,13 +127,16 @@ def stream_ended(run: Run) -> str:
 
 
 def hand_back(run: Run) -> str:
-    """The worker is stopping and the row did not finish: commit what it made, then apply the task's policy."""
+    """The row stopped unfinished (the worker is stopping, or its engine process was lost): commit what it
+    made, then apply the task's policy."""
     if run.pending_tokens or run.pending:
         lost = commit_result(run, progress_group([progress_batch(run)])[0])
         if lost is not None:
             return after_lost_race(run, lost)
-    summary = held_task_release(task_id=run.task_id, worker=run.worker, reason="its worker was shut down")
-    task_handed_back_log(task_id=run.task_id, summary=summary)
+    assert run.chunk is not None
+    reason = run.chunk.reason or SHUT_DOWN
+    summary = held_task_release(task_id=run.task_id, worker=run.worker, reason=reason)
+    task_handed_back_log(task_id=run.task_id, summary=summary, reason=reason)
     return "handed back"
 
 

@@ -134,8 +134,12 @@ def _interrupted_by_shutdown(
     _log_interrupted(task_id, interrupted_task_outcome)
 
 
-def task_handed_back_log(*, task_id: str, summary: RecoverySummary) -> None:
-    """The line for a task a shutdown stopped and its thread handed back (``held_task_release``'s summary)."""
+SHUT_DOWN = "its worker was shut down"
+
+
+def task_handed_back_log(*, task_id: str, summary: RecoverySummary, reason: str = SHUT_DOWN) -> None:
+    """The line for a task a shutdown (or its engine process's loss, ``reason``) stopped and its thread handed
+    back (``held_task_release``'s summary)."""
 
     def outcome(row: dict[str, Any] | None) -> str:
         # Not moved, not for a lock, yet still held: another worker took it over meanwhile.
@@ -144,17 +148,19 @@ def task_handed_back_log(*, task_id: str, summary: RecoverySummary) -> None:
             return f"on_restart={row['on_restart']}: {row['worker']} holds it now"
         return interrupted_task_outcome(row)
 
-    _log_interrupted(task_id, outcome)
+    _log_interrupted(task_id, outcome, why="by shutdown" if reason == SHUT_DOWN else f"({reason})")
 
 
-def _log_interrupted(task_id: str, outcome: Callable[[dict[str, Any] | None], str]) -> None:
+def _log_interrupted(
+    task_id: str, outcome: Callable[[dict[str, Any] | None], str], *, why: str = "by shutdown"
+) -> None:
     try:
         row = task_outcome_get(task_id=task_id)
     except DatabaseError:
         said = "lmsp_recover applies its on_restart policy at the next start (the database did not answer)"
     else:
         said = outcome(row)
-    logger.warning("task %s interrupted by shutdown; %s", task_id, said)
+    logger.warning("task %s interrupted %s; %s", task_id, why, said)
 
 
 _drain_asked: float | None = None

@@ -84,7 +84,10 @@ class Chunk:
     final: bool = False
     """The row left the engine: ended (see the generation's ``finish_reason``), failed or interrupted."""
     interrupted: bool = False
-    """The worker is shutting down: the row stopped where it was, its task is to be handed back."""
+    """The row stopped where it was without ending (the worker is shutting down, or its engine process was
+    lost): its task is to be handed back."""
+    reason: str = ""
+    """Why an interrupted row stopped, for its task's record ("" : the worker was shut down)."""
     error: Exception | None = None
     first_at: float = 0.0
     """When the first of ``steps`` with a token was made (``time.monotonic``); 0 without one."""
@@ -96,8 +99,8 @@ class Chunk:
         return cls(final=True, error=error)
 
     @classmethod
-    def ending(cls, *, output_tokens: int, interrupted: bool) -> Chunk:
-        return cls(output_tokens=output_tokens, final=True, interrupted=interrupted)
+    def ending(cls, *, output_tokens: int, interrupted: bool, reason: str = "") -> Chunk:
+        return cls(output_tokens=output_tokens, final=True, interrupted=interrupted, reason=reason)
 
     def then(self, later: Chunk) -> Chunk:
         """This chunk and the one after it, as one."""
@@ -108,6 +111,7 @@ class Chunk:
             state=later.state if later.state is not None else self.state,
             final=later.final,
             interrupted=later.interrupted,
+            reason=later.reason or self.reason,
             error=self.error or later.error,
             first_at=self.first_at or later.first_at,
             last_at=later.last_at or self.last_at,

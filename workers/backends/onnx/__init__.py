@@ -42,7 +42,7 @@ The modules, in the order a load and a generation use them:
 - ``kv_decoder``: :class:`KVDecoder`, feeding ids through the session;
 - ``generation``: :class:`OnnxGeneration`, the decode loop, snapshot and resume;
 - ``engine``: :class:`BatchEngine`, many generations stepping together in one model thread,
-  with its parts: ``row_stream`` (what a task thread reads), ``engine_rows`` (the model thread's
+  with its parts: ``engine_rows`` (the model thread's
   rows and groups), ``kv_budget``, ``prefill_slices``, ``device_picks``, ``prefix_cache`` and
   ``prefix_reuse`` (the engine's use of it);
 - ``error_text``: how a library's error is quoted in a runtime error.

@@ -34,8 +34,8 @@ exactly as alone (``prefill_chunk``), so their tokens stay the exporting
 tool's.
 
 This module is the model thread's loop and the task threads' entry points;
-its parts live beside it: ``row_stream`` (what a task thread reads),
-``engine_rows`` (the rows, their chunks, the group a row joins),
+its parts live beside it: ``workers.backends.row_stream`` (what a task
+thread reads), ``engine_rows`` (the rows, their chunks, the group a row joins),
 ``kv_budget`` (what a row may reserve), ``prefill_slices`` (the size of a
 prefill call beside decoding rows), ``device_picks`` (greedy rows picked on
 the device) and ``prefix_reuse`` (the engine's use of its prefix cache).
@@ -63,9 +63,9 @@ from workers.backends.onnx.kv_budget import reserved_bytes
 from workers.backends.onnx.prefill_slices import DEFAULT_PREFILL_SHARE, PrefillSlices
 from workers.backends.onnx.prefix_cache import PrefixCache
 from workers.backends.onnx.prefix_reuse import PrefixReuse
-from workers.backends.onnx.row_stream import RowStream
 from workers.backends.onnx.runtime import ModelRuntime
 from workers.backends.onnx.step_picks import StepLogits
+from workers.backends.row_stream import RowStream
 from workers.backends.sampling.pool import SamplingPool
 
 if TYPE_CHECKING:

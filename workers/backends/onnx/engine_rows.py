@@ -2,7 +2,7 @@
 
 Only the model thread touches these. A row gathers the steps it made since
 its last chunk and sends them as one (:meth:`Row.emit`) on its
-:class:`~workers.backends.onnx.row_stream.RowStream`.
+:class:`~workers.backends.row_stream.RowStream`.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from workers.backends.base import Chunk, Step
 from workers.backends.onnx.kv_batch import KVBatch
-from workers.backends.onnx.row_stream import RowStream
+from workers.backends.row_stream import RowStream
 
 if TYPE_CHECKING:
     from workers.backends.onnx.generation import OnnxGeneration

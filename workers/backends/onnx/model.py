@@ -87,7 +87,10 @@ class OnnxModel:
             genai_generation_config(genai)
         )
         tokenizer_config = read_json(folder / "tokenizer_config.json", required=False)
-        self.prompt_text = PromptText(folder, config=self.config, genai=genai, tokenizer_config=tokenizer_config)
+        # As read, for a prompt side built elsewhere (the worker's, beside its engine process): a config may be
+        # a pipe that gives its text once.
+        self.prompt_configs = {"config": self.config, "genai": genai, "tokenizer_config": tokenizer_config}
+        self.prompt_text = PromptText(folder, **self.prompt_configs)
         self.tokenizer = self.prompt_text.tokenizer
         self.chat_template_source = self.prompt_text.chat_template_source
         self.eos_token_ids = eos_ids(self.generation_config, self.config, tokenizer_config, self.tokenizer)

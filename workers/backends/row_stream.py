@@ -1,4 +1,7 @@
-"""What a task thread holds of its row in the batch engine (:class:`RowStream`): the chunks, as they come.
+"""What a task thread holds of its row in a batch engine (:class:`RowStream`): the chunks, as they come.
+
+Any engine's rows use it: the ONNX batch engine's, in its model thread, and the engine process's
+client (``workers.engine_process``), which puts the chunks the process sends.
 
 The model thread puts each chunk on the row's queue and tells the reader
 (:meth:`RowStream.notify`); a task thread reads them, merged as they queued,
@@ -11,12 +14,8 @@ from __future__ import annotations
 import queue
 import threading
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
 
-from workers.backends.base import Chunk
-
-if TYPE_CHECKING:
-    from workers.backends.onnx.generation import OnnxGeneration
+from workers.backends.base import Chunk, Generation
 
 
 class RowStream:
@@ -25,7 +24,7 @@ class RowStream:
     ``wake`` wakes the engine's model thread (so a stop is seen before the row's next call).
     """
 
-    def __init__(self, generation: OnnxGeneration, *, wake: Callable[[], None]) -> None:
+    def __init__(self, generation: Generation, *, wake: Callable[[], None]) -> None:
         self.generation = generation
         self._wake = wake
         self._queue: queue.SimpleQueue[Chunk] = queue.SimpleQueue()
