@@ -190,6 +190,17 @@ def test_starting_a_web_or_worker_process_imports_no_inference_library():
     assert shown.stdout.strip() == "[]"
 
 
+def test_the_engine_process_imports_no_django_celery_or_redis():
+    """The engine process (docs/workers.md) holds the models and their model threads and nothing else: no
+    module of the worker's side (the commits, Celery, Redis) may reach it, or its GIL is shared again."""
+    probe = (
+        "import sys, workers.engine_process.host;"
+        "print(sorted(m for m in ('django', 'celery', 'kombu', 'redis') if m in sys.modules))"
+    )
+    shown = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, check=True)
+    assert shown.stdout.strip() == "[]"
+
+
 def test_counting_a_prompt_in_a_web_process_loads_no_onnx_runtime(demo_models_root):
     """The web's ``count_tokens`` and context check (decision 0014) read the tokenizer and the template
     only: the runtime, and the memory it takes, stay out of the web process."""

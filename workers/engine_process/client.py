@@ -84,6 +84,8 @@ logger = logging.getLogger(__name__)
 REPO = Path(__file__).resolve().parent.parent.parent
 # How often the watch looks at the clock while the engine process is quiet.
 WATCH_SLICE_SECONDS = 0.25
+# A look that came this much later than its slice means the worker itself was not running meanwhile.
+SELF_STALL_SECONDS = 2.0
 
 
 class EngineProcessLost(GenerationError):
@@ -198,19 +200,26 @@ class EngineProcess:
 
     def _receive(self) -> None:
         silent, started = False, False
-        last = time.monotonic()
+        last = looked = time.monotonic()
         try:
             while True:
                 if not self.conn.poll(WATCH_SLICE_SECONDS):
+                    now = time.monotonic()
+                    if now - looked > SELF_STALL_SECONDS:
+                        # This process itself did not run (stopped with its process group, or starved): the
+                        # silence is not the engine process's to answer for.
+                        last = now
+                    looked = now
                     # A start and a model's load get the longer patience: an import or a session's creation may
                     # hold the process's GIL for seconds, and its sender with it.
                     limit = self.silence_seconds if started and not self._loads else self.start_seconds
-                    if time.monotonic() - last > limit:
+                    if now - last > limit:
                         silent = True
                         break
                     continue
                 message = self.conn.recv()
-                last, started = time.monotonic(), True
+                last = looked = time.monotonic()
+                started = True
                 if message[0] == BATCH:
                     self._batch(*message[1:])
                 elif message[0] == REPLY:
