@@ -157,14 +157,19 @@ def task_execute(*, task_id: str, worker: str, wait: bool = True, reserved: bool
 _intakes: set[str] = set()
 
 
-_intakes_lock = threading.Lock()
+_intakes_lock = threading.Condition()
+
+# How long a message waits for this worker's own thread to let its task go. A row this worker handed
+# back while it goes on (its engine process was lost) is requeued before the thread that ran it has
+# closed the run; the new message must not be dropped as a duplicate of that ending run.
+INTAKE_RELEASE_WAIT_SECONDS = 5.0
 
 
 def _intake(task_id: str, worker: str) -> str | Held:
     """Claim (or adopt), load, set up and start the task: its row, or how the task ended before."""
     broker.dispatch_marker_clear(task_id=task_id)
     with _intakes_lock:
-        if task_id in _intakes:
+        if not _intakes_lock.wait_for(lambda: task_id not in _intakes, timeout=INTAKE_RELEASE_WAIT_SECONDS):
             logger.info("dropped message for task %s: a thread of this worker has it", task_id)
             return "dropped"
         _intakes.add(task_id)
@@ -174,8 +179,7 @@ def _intake(task_id: str, worker: str) -> str | Held:
         return outcome
     finally:
         if not isinstance(outcome, Held):
-            with _intakes_lock:
-                _intakes.discard(task_id)
+            _intake_ended(task_id)
 
 
 def _claim_lost_in_transit(claim: TransitionResult, worker: str) -> bool:
@@ -229,6 +233,7 @@ def _intake_claimed(task_id: str, worker: str) -> str | Held:
 def _intake_ended(task_id: str) -> None:
     with _intakes_lock:
         _intakes.discard(task_id)
+        _intakes_lock.notify_all()
 
 
 def _claim_not_reached(task_id: str, worker: str, exc: DatabaseGaveUp) -> str:
