@@ -445,6 +445,7 @@ LONGEST_FILES = (
     *("test_cancel_race.py", "test_database_outages.py", "test_web_serving.py", "test_broker_outage.py"),
     "test_streams.py",
     "test_stream_redis_restart.py",
+    "test_engine_process.py",
 )
 _FILE_RANK = {name: rank for rank, name in enumerate(LONGEST_FILES)}
 

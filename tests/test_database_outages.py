@@ -293,7 +293,7 @@ def test_a_task_whose_worker_loses_the_database_as_it_starts_waits_and_runs_once
             assert Task.objects.get(pk=task["id"]).attempts == 1
             wait_until(lambda number=number: len(outage_lines(log)[1]) == number, what="the end was not logged")
     text = log.read_text()
-    assert "claimed (its first claim's answer was lost)" in text
+    assert "claimed (its first claim's answer was lost)" in text, text[-6000:]
     started, ended = outage_lines(log)
     assert len(started) == len(ended) == 2 and all("cannot be reached" in line for line in started), started
     assert "Traceback" not in text, text[-3000:]

@@ -16,6 +16,8 @@ import signal
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tasks_app.models import Task, TaskEvent
 from tests.support.lab import Lab
 from tests.support.waiting import wait_until
@@ -104,6 +106,9 @@ def test_an_engine_process_killed_mid_generation_hands_each_task_back_by_its_pol
     assert "engine process was killed (signal 9)" in failed["error"]["message"]
 
 
+# The frozen process's watch and where the model is mapped are the worker's and the engine's own, the same
+# over either database; the hand-back they end in is tested on both (above, and tests/test_recovery.py).
+@pytest.mark.sqlite_pass
 def test_a_frozen_engine_process_is_noticed_killed_and_its_tasks_handed_back(lab: Lab):
     with lab.worker(
         "frozen", LMSP_FAULT_MODEL_CALL_SECONDS="0.004", LMSP_ENGINE_SILENCE_SECONDS="1.5", pool="threads"
@@ -128,6 +133,7 @@ def _maps(pid: int) -> str:
     return Path(f"/proc/{pid}/maps").read_text()
 
 
+@pytest.mark.sqlite_pass
 def test_the_model_is_loaded_in_the_engine_process_only(lab: Lab):
     with lab.worker("where", pool="threads") as worker:
         task_id = lab.create("fail", tokens=8)
