@@ -425,7 +425,7 @@ def _generate(run: Run, model: LoadedModel, spec: GenerationSpec, cancelled: thr
                 worker=run.worker,
                 item_id=opened,
                 snapshot=run.snapshot(),
-                deltas=run.deltas(),
+                deltas=run.pending,
                 output_tokens=run.output_tokens,
             )
         else:

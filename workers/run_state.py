@@ -125,15 +125,6 @@ class Run:
     def text(self) -> str:
         return "".join(self.committed_text)
 
-    def deltas(self) -> list[str]:
-        """The pending text as the delta events of the next commit: one event a commit, not one a step.
-
-        A commit's events become visible to readers together, so splitting them by step gives a
-        client nothing sooner, and every event is a row to build, insert, read and frame: at 8 rows
-        on a fast model, most of the worker's time (decision 0015).
-        """
-        return ["".join(self.pending)] if self.pending else []
-
     def partial(self) -> Partial:
         """What the event log shows of this attempt, for a run that stops early."""
         if self.calls_tools:
