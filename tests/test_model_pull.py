@@ -37,8 +37,10 @@ DEFAULT_FILES = SIDE | {"onnx/model.onnx", "onnx/model.onnx_data"}
 Q4_FILES = SIDE | {"onnx/model_q4.onnx", "onnx/model_q4.onnx_data"}
 TOKEN = "hf_stand_in_secret"
 
-# Each pull is a manage.py process of its own (slow: not in scripts/test --quick).
-pytestmark = [pytest.mark.usefixtures("transactional_db"), pytest.mark.slow]
+# Each pull is a manage.py process of its own (slow: not in scripts/test --quick). A pull is files and the hub;
+# the registration it ends in is model_scan's, which tests/test_models.py tests on both databases: the SQLite
+# pass only.
+pytestmark = [pytest.mark.usefixtures("transactional_db"), pytest.mark.slow, pytest.mark.sqlite_pass]
 
 
 @pytest.fixture(scope="module")
