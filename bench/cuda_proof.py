@@ -14,7 +14,8 @@ logits and greedy tokens with TF32 off and on; each fixture layout's recorded to
 prefill and resume; float16 graphs; ms per decode step at 128/1k/4k split into the session
 run and the sampler, with CPU time per wall second; GPU memory after load, after long
 generations, after close, and an arena cap; the missing-library failure path; the batched
-engine; device picks (greedy rows picked on the device, only the others' logits copied). Every
+engine; device picks (greedy rows picked on the device, only the others' logits copied); the
+engine process beside the engine in process and the plain loop at 1, 8 and 32 rows (issue 44). Every
 result is printed as it comes ([PASS]/[FAIL]/[INFO]) and, with $OUT set (or
 --out), written as JSON. A section that raises is recorded and the next one runs; one that
 would overrun --budget-s is skipped and says so. Exit status: 0 when no check failed, 1 otherwise.
@@ -825,22 +826,28 @@ def _engine_rows(
     watch: bool = False,
     device_picks: bool = False,
     params: Callable[[int, int], SamplingParams] | None = None,
+    engine: Any = None,
 ) -> tuple[list[list[int]], float, _StepTimes, list[dict[str, Any]]]:
-    """Run the prompts as rows of one batch engine (staggered, so rows join and leave); tokens, seconds, steps."""
+    """Run the prompts as rows of one batch engine (staggered, so rows join and leave); tokens, seconds, steps.
+
+    ``engine``: one already made (and closed by the caller) with ``model``, such as an engine process's
+    (``RemoteModel.engine``); by default a new ``BatchEngine`` in this process."""
     import threading
 
     from workers.backends.onnx.engine import BatchEngine
 
     times = _StepTimes()
-    engine = BatchEngine(
-        model,
-        max_batch=max_batch,
-        kv_budget_bytes=0,
-        delta_tokens=16,
-        delta_seconds=0.05,
-        observer=times,
-        device_picks=device_picks,
-    )
+    own = engine is None
+    if own:
+        engine = BatchEngine(
+            model,
+            max_batch=max_batch,
+            kv_budget_bytes=0,
+            delta_tokens=16,
+            delta_seconds=0.05,
+            observer=times,
+            device_picks=device_picks,
+        )
     results: list[list[int]] = [[] for _ in prompts]
     seen: list[dict[str, Any]] = []
 
@@ -866,7 +873,8 @@ def _engine_rows(
     for thread in threads:
         thread.join()
     seconds = time.perf_counter() - started
-    engine.close()
+    if own:
+        engine.close()
     return results, seconds, times, seen
 
 
@@ -931,6 +939,62 @@ def batched_section(
             )
         finally:
             model.close()
+
+
+def engine_process_section(args: argparse.Namespace, report: Report, graphs: dict[str, Graph]) -> None:
+    """Issue 44 on the device: the batch engine in a worker's engine process (``workers.engine_process``)
+    against the same engine in this process and a plain batched IOBinding greedy loop (``plain_loop.py``),
+    at 1, 8 and 32 rows of greedy tokens: aggregate tokens/s side by side, and the engine process's tokens
+    equal the in-process engine's. The whole service (web, Celery, a database) does not run here: the device
+    has no Redis; ``concurrency.py`` measures it on a host that has."""
+    from plain_loop import PlainLoop
+
+    from workers.engine_process.client import model_load
+
+    count = 64 if args.quick else 256
+    for graph in graphs.values():
+        local = load(graph, args.device)
+        remote = model_load(
+            "onnxruntime",
+            graph.folder,
+            silence_seconds=30,
+            start_seconds=120,
+            graph=graph.graph,
+            device=args.device,
+            intra_op_threads=1,
+        )
+        engine = remote.engine(max_batch=32, kv_budget_bytes=0, delta_tokens=16, delta_seconds=0.05)
+        plain = PlainLoop(graph.folder, threads=1, device=args.device)
+        try:
+            report.info(f"{graph.name}: the engine process's provider", remote.provider)
+            figures = {}
+            for rows in (1, 8) if args.quick else (1, 8, 32):
+                prompts = [synthetic_ids(local, 128, salt=i) for i in range(rows)]
+                here, here_s, _, _ = _engine_rows(local, prompts, [count] * rows, max_batch=rows)
+                there, there_s, _, _ = _engine_rows(remote, prompts, [count] * rows, max_batch=rows, engine=engine)
+                plain.generate(prompts[0], rows, 3)  # this batch size's first run
+                loop = plain.generate(prompts[0], rows, count)
+                # Counted, not assumed: demo:base meets its end-of-text token (the plain loop makes all it is asked).
+                made_here, made_there = sum(map(len, here)), sum(map(len, there))
+                figures[rows] = {
+                    "engine_process_tokens_per_s": round(made_there / there_s, 1),
+                    "in_process_tokens_per_s": round(made_here / here_s, 1),
+                    "plain_loop_tokens_per_s": round(rows * count / loop["seconds"], 1),
+                }
+                figures[rows]["engine_process_over_plain"] = round(
+                    figures[rows]["engine_process_tokens_per_s"] / figures[rows]["plain_loop_tokens_per_s"], 3
+                )
+                report.info(f"{graph.name}: {rows} rows x {count} tokens", figures[rows])
+                report.check(
+                    f"{graph.name}, {rows} rows: the engine process's tokens equal the engine's here", here == there
+                )
+            report.info(
+                f"{graph.name}: engine process / plain loop",
+                {r: f["engine_process_over_plain"] for r, f in figures.items()},
+            )
+        finally:
+            remote.close()
+            local.close()
 
 
 def _mixed(index: int, tokens: int) -> SamplingParams:
@@ -1064,7 +1128,7 @@ def prefix_section(args: argparse.Namespace, report: Report, graphs: dict[str, G
 
 
 SECTIONS = ("environment", "placement", "kv", "logits", "fixtures", "resume", "fp16", "timing", "memory", "libraries")
-SECTIONS += ("batched", "picks", "prefix")
+SECTIONS += ("batched", "picks", "prefix", "engine_process")
 # The float32 fixture layouts, compared with the CPU token for token; the float16 ones against this one.
 FP32_FIXTURES = ("qwen2-community", "qwen2-tiny", "llama-tiny", "phi3-tiny", "gpt2-tiny", "llama-genai", "phi3-legacy")
 FP32_PAIR = "qwen2-community"
@@ -1140,6 +1204,11 @@ def main() -> int:
                 # Demo's own size that never writes its end-of-text token, so every row makes all it is asked.
                 {k: demos[k] for k in ("endless", "base") if k in demos},
             ),
+        ),
+        (
+            "engine_process",
+            60,
+            lambda: engine_process_section(args, report, {k: demos[k] for k in ("endless", "base") if k in demos}),
         ),
     ]
     for name, needs, run in steps:

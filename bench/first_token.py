@@ -45,7 +45,7 @@ from concurrency import (
     run_task_stream,
     warm_up,
 )
-from concurrency import PlainLoop as _PlainLoop
+from plain_loop import PlainLoop as _PlainLoop
 
 STEPS = (
     ("sent", "created", "web: the request to the task's commit"),
