@@ -36,7 +36,7 @@ app = Celery("lmsp_project")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 # workers.shutdown: one line per task a stop interrupts, instead of tracebacks. workers.presence: the
 # node's own queue and its presence (tasks_app.plumbing.affinity).
-app.conf.imports = ("workers.tasks", "workers.shutdown", "workers.presence")
+app.conf.imports = ("workers.tasks", "workers.shutdown", "workers.presence", "workers.node_report")
 
 
 @app.on_after_finalize.connect

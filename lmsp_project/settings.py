@@ -361,6 +361,15 @@ LMSP_HEARTBEAT_SECONDS = _env_int("LMSP_HEARTBEAT_SECONDS", 10)
 # applies its on_restart policy. Keep it several heartbeats long.
 LMSP_HEARTBEAT_TIMEOUT_SECONDS = _env_int("LMSP_HEARTBEAT_TIMEOUT_SECONDS", 60)
 LMSP_REAP_INTERVAL_SECONDS = _env_int("LMSP_REAP_INTERVAL_SECONDS", 15)
+# The admin calls a held task's worker silent when its heartbeat is older than this (it writes one at
+# least every LMSP_HEARTBEAT_SECONDS): an operator sees a frozen worker long before the reaper acts.
+LMSP_HEARTBEAT_SILENT_SECONDS = _env_int("LMSP_HEARTBEAT_SILENT_SECONDS", 2 * LMSP_HEARTBEAT_SECONDS)
+# Every worker node reports itself (process, version, models and devices, rows, tokens/s) this often,
+# for the admin's workers page; a node whose report is older than LMSP_WORKER_SILENT_SECONDS is silent.
+LMSP_WORKER_REPORT_SECONDS = _env_float("LMSP_WORKER_REPORT_SECONDS", 5.0)
+LMSP_WORKER_SILENT_SECONDS = _env_float("LMSP_WORKER_SILENT_SECONDS", 3 * LMSP_WORKER_REPORT_SECONDS)
+# A node that has not reported for this long (stopped, or gone) leaves the workers page (retention).
+LMSP_WORKER_NODE_RETENTION_SECONDS = _env_int("LMSP_WORKER_NODE_RETENTION_SECONDS", 7 * 24 * 3600)
 # A task that has been started this many times and is found unfinished again
 # (a prompt that kills its worker, say) fails instead of being retried.
 LMSP_MAX_ATTEMPTS = _env_int("LMSP_MAX_ATTEMPTS", 3)

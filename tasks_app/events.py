@@ -24,6 +24,8 @@ from typing import Any
 class EventType(enum.StrEnum):
     CREATED = "response.created"
     """Event 0: the task was accepted; carries the queued response object."""
+    QUEUED = "response.queued"
+    """The attempt was let go of and the task queued again (a rerun): the output shown so far is dropped."""
     IN_PROGRESS = "response.in_progress"
     """A worker started generating (each attempt opens with one)."""
     OUTPUT_ITEM_ADDED = "response.output_item.added"

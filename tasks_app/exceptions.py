@@ -213,6 +213,18 @@ class TaskNotCancelable(LmspError):
     status, code, title = 409, "task_not_cancelable", "Task not cancelable"
 
 
+class TaskNotHandedBack(LmspError):
+    """Raised when an operator's hand-back reaches a task that no silent worker holds (admin only)."""
+
+    status, code, title = 409, "task_not_handed_back", "Task not handed back"
+
+
+class TaskNotRerunnable(LmspError):
+    """Raised when an operator asks to run again a task that did not fail or was not cancelled (admin only)."""
+
+    status, code, title = 409, "task_not_rerunnable", "Task not rerunnable"
+
+
 class ResponseNotFinished(LmspError):
     """Raised when a response is deleted before its task ended (PROFILE.md section 9)."""
 

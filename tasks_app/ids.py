@@ -98,3 +98,8 @@ def new_webhook_event_id() -> str:
 def is_prefixed_ulid(value: str, prefix: str) -> bool:
     """True when ``value`` is ``prefix`` followed by a well-formed ULID."""
     return value.startswith(prefix) and bool(_ULID_RE.match(value[len(prefix) :]))
+
+
+def ulid_floor(unix_ms: int) -> str:
+    """The smallest ULID of millisecond ``unix_ms``: ``id >= prefix + ulid_floor(t)`` selects ids made from t on."""
+    return _encode(max(0, unix_ms), 10) + "0" * 16

@@ -13,7 +13,7 @@ from django.db.models import F, Q
 from tasks_app import events, states
 from tasks_app.fields import EventPayloadField, JSONTextField
 from tasks_app.model_layouts import LAYOUT_GENAI, LAYOUT_ONNX_COMMUNITY, LAYOUT_OPTIMUM, LAYOUT_OPTIMUM_MERGED
-from tasks_app.states import Protocol, ResponseStatus, RestartPolicy, TaskStatus
+from tasks_app.states import AttemptEnd, Protocol, ResponseStatus, RestartPolicy, TaskStatus
 
 
 class TaskType(models.TextChoices):
@@ -204,8 +204,25 @@ class Task(models.Model):
         null=True, blank=True, help_text="When a cancel moved the task to cancelling (for cancel latency)"
     )
     error = JSONTextField(null=True, blank=True)
-    worker = models.CharField(max_length=200, blank=True, default="", help_text="Worker holding the task")
+    worker = models.CharField(
+        max_length=200, blank=True, default="", help_text="The worker process (node/pid) of the current or last attempt"
+    )
     heartbeat_at = models.DateTimeField(null=True, blank=True)
+    attempt_started_at = models.DateTimeField(
+        null=True, blank=True, help_text="When the current (or, once finished, the last) attempt was claimed"
+    )
+    first_token_at = models.DateTimeField(
+        null=True, blank=True, help_text="When that attempt committed its first output"
+    )
+    finished_at = models.DateTimeField(null=True, blank=True, help_text="When the task reached its terminal status")
+    rerun_of = models.ForeignKey(
+        "self",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="reruns",
+        help_text="The task an operator ran again to make this one (same request)",
+    )
     notify_webhooks = models.BooleanField(
         default=False,
         help_text="Whether the task's end is delivered to the client's webhook endpoints "
@@ -255,6 +272,72 @@ class Task(models.Model):
     @property
     def is_terminal(self) -> bool:
         return self.status in states.TERMINAL
+
+
+class TaskAttempt(models.Model):
+    """An attempt that ended: a worker's claim (or adoption) of a task, to the move that let go of it.
+
+    Written by the lifecycle in the transaction of that move (``tasks_app.core``),
+    from the task row's attempt columns; the open attempt is the task row itself,
+    so a claim and a batch of deltas write nothing here.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    # Indexed with the number below: rows are always read per task, in order.
+    task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="attempt_log", db_index=False)
+    number = models.IntegerField(help_text="1 for the first claim; an adoption to resume counts as one too")
+    worker = models.CharField(max_length=200, help_text="The worker process (node/pid) that held it")
+    started_at = models.DateTimeField()
+    first_token_at = models.DateTimeField(null=True, blank=True)
+    ended_at = models.DateTimeField()
+    end = models.CharField(max_length=20, choices=AttemptEnd.choices)
+    reason = models.TextField(blank=True, default="", help_text="Why it ended, as the mover said")
+    output_tokens = models.IntegerField(default=0, help_text="Output tokens committed when it ended")
+
+    class Meta:
+        db_table = "task_attempts"
+        constraints = [
+            models.UniqueConstraint(fields=["task", "number"], name="task_attempt_number_unique"),
+            models.CheckConstraint(condition=Q(end__in=AttemptEnd.values), name="task_attempt_end_valid"),
+            models.CheckConstraint(condition=Q(ended_at__gte=F("started_at")), name="task_attempt_ends_after_start"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.task_id} attempt {self.number}"
+
+
+class WorkerNodeState(models.TextChoices):
+    ONLINE = "online", "online"
+    DRAINING = "draining", "draining (shutting down)"
+    STOPPED = "stopped", "stopped"
+
+
+class WorkerNode(models.Model):
+    """A worker node's own report of itself, refreshed every ``LMSP_WORKER_REPORT_SECONDS`` (``workers.node_report``).
+
+    What the admin's workers page shows: a node whose report stopped is silent
+    (frozen, cut off or killed) even before the reaper's heartbeat timeout.
+    """
+
+    name = models.CharField(max_length=200, primary_key=True, help_text="Celery's node name")
+    hostname = models.CharField(max_length=200)
+    pid = models.IntegerField()
+    version = models.CharField(max_length=50)
+    pool = models.CharField(max_length=50, help_text="Celery's pool (threads: one process runs every row)")
+    state = models.CharField(max_length=20, choices=WorkerNodeState.choices, default=WorkerNodeState.ONLINE)
+    started_at = models.DateTimeField()
+    reported_at = models.DateTimeField(help_text="Its newest report, on the clock heartbeats are written with")
+    max_rows = models.IntegerField(default=0, help_text="Rows it runs at once")
+    engines = JSONTextField(default=list, help_text="Per loaded model: device, rows, waiting, tokens/s")
+
+    class Meta:
+        db_table = "worker_nodes"
+        constraints = [
+            models.CheckConstraint(condition=Q(state__in=WorkerNodeState.values), name="worker_node_state_valid"),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
 
 
 class TaskSnapshot(models.Model):

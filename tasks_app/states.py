@@ -71,6 +71,29 @@ class ResponseStatus(models.TextChoices):
     """Stopped by a cancel."""
 
 
+class AttemptEnd(models.TextChoices):
+    """How an attempt (a worker's claim or adoption of a task, to its release) ended."""
+
+    SUCCEEDED = "succeeded", "succeeded"
+    """The task succeeded (its response completed)."""
+    INCOMPLETE = "incomplete", "succeeded, incomplete"
+    """The task succeeded at a limit (its response is incomplete)."""
+    FAILED = "failed", "failed"
+    """The task failed (the attempt's reason is its error)."""
+    CANCELLED = "cancelled", "cancelled"
+    """A cancel stopped it."""
+    REAPED = "reaped", "reaped"
+    """Its worker stopped writing heartbeats, and the reaper applied the task's policy."""
+    HANDED_BACK = "handed_back", "handed back by its worker"
+    """Its worker let go of it unfinished (a shutdown's drain ran out, its engine process was lost)."""
+    WORKER_DIED = "worker_died", "its worker process died"
+    """Celery reported the pool process running it dead."""
+    RECOVERED = "recovered", "recovered at startup"
+    """Startup recovery found it held by no live worker."""
+    OPERATOR = "operator", "handed back by an operator"
+    """An operator handed it back from the admin, its worker gone."""
+
+
 S = TaskStatus
 R = RestartPolicy
 
@@ -92,6 +115,8 @@ CANCELABLE_VIA_BACKEND: frozenset[TaskStatus] = frozenset({S.LOADING, S.RUNNING}
 """A cancel only asks (``cancelling``); the worker stops the backend and ends the task."""
 CANCEL_UNDER_WAY: frozenset[TaskStatus] = frozenset({S.CANCELLING, S.CANCELLED})
 """A cancel has already won: a second one changes nothing."""
+RERUNNABLE: frozenset[TaskStatus] = frozenset({S.FAILED, S.CANCELLED})
+"""An operator may run these again (a new task from the same request): they gave their client no answer."""
 MAY_HAVE_OUTPUT: frozenset[TaskStatus] = frozenset({S.RUNNING, S.CANCELLING})
 """An attempt found here may have shown text: a task that ends from here keeps what its deltas hold."""
 

@@ -17,6 +17,7 @@ from tasks_app.registry.scan import model_scan
 from tasks_app.services.clients import client_create
 from tests.support import flush
 from tests.support.api import ApiClient
+from tests.support.browser import page  # noqa: F401 (a fixture: the admin's browser tests)
 from tests.support.built import built_once
 from tests.support.db import database_url
 from tests.support.demo import ENDLESS_TAG
@@ -249,9 +250,16 @@ def worker_models_root(
 
 @contextmanager
 def shared_worker(
-    django_db_blocker, worker_models_root: Path, log_dir: Path, *, queue: str, **extra_env: str
+    django_db_blocker,
+    worker_models_root: Path,
+    log_dir: Path,
+    *,
+    queue: str,
+    pool: str = "prefork",
+    name: str = "test",
+    **extra_env: str,
 ) -> Iterator[WorkerProcess]:
-    """A real ``celery worker`` on the test database, consuming ``queue``."""
+    """A real ``celery worker`` on the test database, consuming ``queue`` (``pool``, ``name``: ``celery_worker``'s)."""
     from django.conf import settings
 
     with django_db_blocker.unblock():
@@ -263,9 +271,10 @@ def shared_worker(
         "LMSP_MODELS_DIR": str(worker_models_root),
         "LMSP_DELTA_BATCH_MS": "20",
         "LMSP_HEARTBEAT_SECONDS": "1",
+        "LMSP_WORKER_REPORT_SECONDS": "1",
         **extra_env,
     }
-    with celery_worker(env=env, queue=queue, log_path=log_dir / "worker.log") as worker:
+    with celery_worker(env=env, queue=queue, log_path=log_dir / "worker.log", pool=pool, name=name) as worker:
         yield worker
 
 
@@ -368,6 +377,10 @@ def web_server(django_db_setup, django_db_blocker, worker_models_root: Path) -> 
         "LMSP_TASK_QUEUE": WORKER_QUEUE,
         "LMSP_MODELS_DIR": str(worker_models_root),
         "LMSP_STREAM_KEEPALIVE_SECONDS": "1",
+        # The admin's thresholds for the tests' workers, which beat every second and report every second.
+        "LMSP_HEARTBEAT_SILENT_SECONDS": "4",
+        "LMSP_WORKER_REPORT_SECONDS": "1",
+        "LMSP_WORKER_SILENT_SECONDS": "4",
     }
     with uvicorn_process(url, env) as server:
         yield server
@@ -439,7 +452,8 @@ PROCESS_FIXTURES = frozenset(
 LONGEST_FILES = (
     *("test_recovery.py", "test_launcher.py", "test_schemathesis.py", "test_claude_code.py", "test_real_models.py"),
     *("test_response_fields.py", "test_model_pull.py", "test_lock_contention.py", "test_cut_off_workers.py"),
-    *("test_batched_worker.py", "test_admin_browser.py", "test_crashes.py", "test_worker_drain.py"),
+    *("test_batched_worker.py", "test_admin_browser.py", "test_admin_operator.py", "test_crashes.py"),
+    "test_worker_drain.py",
     *("test_http_server.py", "test_background_responses.py", "test_conversations_live.py"),
     *("test_lifecycle_machine.py", "test_tool_calls.py", "test_api_bad_input.py", "test_webhooks.py"),
     *("test_cancel_race.py", "test_database_outages.py", "test_web_serving.py", "test_broker_outage.py"),

@@ -13,6 +13,7 @@ import hashlib
 import re
 import shutil
 from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -22,17 +23,28 @@ from django.contrib.auth.models import Permission, User
 from django.core.management import call_command
 from django.db import transaction
 from django.test import Client as Browser
+from django.utils import timezone
 
 from tasks_app.admin import BoundedCountAdmin, TaskAdmin
 from tasks_app.core import lifecycle
 from tasks_app.core.output_items import OutputItems
 from tasks_app.core.wire import usage_object
 from tasks_app.exceptions import ServerRestarted
-from tasks_app.models import Client, IdempotencyKey, ModelRecord, Task, TaskEvent
+from tasks_app.models import (
+    Client,
+    IdempotencyKey,
+    ModelRecord,
+    Task,
+    TaskAttempt,
+    TaskEvent,
+    WorkerNode,
+    WorkerNodeState,
+)
 from tasks_app.registry.scan import model_scan
 from tasks_app.selectors import tasks as selectors
 from tasks_app.services.idempotency import idempotency_claim
-from tasks_app.states import TaskStatus
+from tasks_app.services.workers import worker_node_report
+from tasks_app.states import AttemptEnd, TaskStatus
 from tests.support.specs import spec_json
 from tests.test_query_plans import assert_read_through, statements, tasks_selects
 
@@ -61,6 +73,15 @@ def append(task_id: str, texts: list[str], worker: str = WORKER, **kwargs) -> li
 def start_running(task_id: str, worker: str = WORKER) -> None:
     assert lifecycle.task_claim(task_id=task_id, worker=worker).won
     assert lifecycle.task_start(task_id=task_id, worker=worker, item_id=ITEM_ID).won
+
+
+def recovery_reap(task: Task, reason: str = "its worker w@host/1 stopped reporting") -> None:
+    """The reaper's move for ``task`` (queued again, as for ``retry``), whatever its policy."""
+    row = Task.objects.get(pk=task.id)
+    move = lifecycle.RecoveryMove(
+        task.id, S(row.status), S.QUEUED, row.worker, row.heartbeat_at, end=AttemptEnd.REAPED, reason=reason
+    )
+    assert lifecycle.tasks_recover(moves=[move]).won == (task.id,)
 
 
 @pytest.fixture
@@ -232,20 +253,66 @@ def test_search_finds_a_task_by_its_id_or_its_response_id_exactly(admin_client, 
     assert other.id not in page_text(admin_client.get(TASKS, {"q": wanted.id}))
 
 
-def test_the_task_list_shows_model_status_policy_attempts_and_output_tokens(admin_client, new_task):
+def test_the_task_list_shows_status_error_model_worker_attempts_tokens_and_times(admin_client, new_task):
     running = new_task(S.RUNNING)
     Task.objects.filter(pk=running.id).update(attempts=2)
+    failed = new_task(S.FAILED)
     page = page_text(admin_client.get(TASKS))
-    row = re.search(rf'<tr><td class="action-checkbox">.*?{running.id}.*?</tr>', page, re.S).group(0)
-    cells = dict(re.findall(r'<t[dh] class="field-([a-z_]+)[^"]*">(?:<a [^>]*>)?([^<]*)', row))
-    assert cells["id"] == running.id
-    assert cells["client"] == "owner"
-    assert cells["model_column"] == "demo"
-    assert cells["status"] == "running"
-    assert cells["on_restart"] == "fail"
-    assert cells["attempts"] == "2"
-    assert cells["output_tokens"] == "3"
+
+    def cells(task_id: str) -> dict[str, str]:
+        row = re.search(rf'<tr><td class="action-checkbox">.*?{task_id}.*?</tr>', page, re.S).group(0)
+        found = re.findall(r'<t[dh] class="field-([a-z_]+)[^"]*">(.*?)</t[dh]>', row, re.S)
+        return {name: re.sub(r"<[^>]+>", "", html).strip() for name, html in found}
+
+    shown = cells(running.id)
+    assert shown["id"] == running.id
+    assert shown["status_column"] == "running"
+    assert 'class="lmsp-status lmsp-status-running"' in page
+    assert shown["model_column"] == "demo"
+    assert shown["worker_column"].startswith("w@host · ") and shown["worker_column"].endswith(" s")
+    assert shown["attempts_column"] == "2"
+    assert shown["tokens_column"] == "3"
+    assert shown["error_column"] == "-"
+    # Unfinished: its age so far, in italics.
+    assert re.search(rf"{running.id}.*?<em title=\"not finished: its age\">", page, re.S)
+    assert cells(failed.id)["status_column"] == "failed"
+    assert cells(failed.id)["error_column"] == "server_restarted"
     assert "?model=demo" in page
+
+
+def test_a_succeeded_task_whose_response_is_incomplete_says_so_and_has_a_filter(admin_client, new_task):
+    complete = new_task(S.SUCCEEDED)
+    cut = new_task(S.RUNNING)
+    assert lifecycle.task_succeed(
+        task_id=cut.id, worker=WORKER, item_id=ITEM_ID, text="Hello world", usage=None, output_tokens=3, incomplete=True
+    ).won
+
+    page = page_text(admin_client.get(TASKS))
+    assert "succeeded · incomplete" in page
+
+    def listed(**params: str) -> set[str]:
+        return {task.id for task in admin_client.get(TASKS, params).context["cl"].result_list}
+
+    assert listed(status="incomplete") == {cut.id}
+    assert listed(status="succeeded") == {complete.id, cut.id}
+
+
+def test_the_error_code_created_and_heartbeat_filters_pick_their_tasks(admin_client, new_task, settings):
+    failed, queued, running = new_task(S.FAILED), new_task(S.QUEUED), new_task(S.RUNNING)
+    stale = new_task(S.RUNNING, worker="gone@host/1")
+    Task.objects.filter(pk=stale.id).update(heartbeat_at=timezone.now() - timedelta(seconds=300))
+    settings.LMSP_HEARTBEAT_SILENT_SECONDS = 20
+
+    def listed(**params: str) -> set[str]:
+        return {task.id for task in admin_client.get(TASKS, params).context["cl"].result_list}
+
+    assert listed(error="server_restarted") == {failed.id}
+    assert listed(error="backend_error") == set()
+    assert listed(created="5m") == {failed.id, queued.id, running.id, stale.id}
+    assert listed(created="older") == set()
+    assert listed(heartbeat="silent") == {stale.id}
+    assert listed(worker="gone@host") == {stale.id}
+    assert listed(worker="w@host") == {running.id}
 
 
 # --------------------------------------------------------------------------- #
@@ -267,8 +334,11 @@ def test_a_running_task_page_shows_request_text_snapshot_events_and_opens_its_st
     assert "tasks_app/task_live.js" in page
     assert '<script id="lmsp-initial-text" type="application/json">"Hello world"</script>' in page
     assert f"{EVENTS}?task={task.id}" in page
-    for event_type in ("response.created", "response.in_progress", "response.output_text.delta"):
-        assert event_type in page
+    # The lifecycle apart from the deltas (all of them one link away).
+    lifecycle_table = re.search(r'<table class="lmsp-events">.*?</table>', page, re.S).group(0)
+    for event_type in ("response.created", "response.in_progress", "response.output_item.added"):
+        assert event_type in lifecycle_table
+    assert "response.output_text.delta" not in lifecycle_table
     assert 'id="lmsp-cancel"' in page
     assert "w@host" in page
     # View-only: no save button.
@@ -340,8 +410,13 @@ def test_a_finished_task_page_shows_its_response_text_and_no_live_stream(admin_c
 
 def test_a_task_page_says_how_many_prompt_tokens_came_from_the_prefix_cache(admin_client, new_task):
     queued = new_task(S.QUEUED)
-    assert "- (counted when the generation starts)" in page_text(admin_client.get(task_url(queued.id)))
+    assert "- (counted once a worker runs it)" in page_text(admin_client.get(task_url(queued.id)))
     task = new_task(S.RUNNING)
+    assert "- (reported with the usage when the generation ends)" in page_text(admin_client.get(task_url(task.id)))
+    failed = new_task(S.FAILED)
+    assert "- (not reported: the task ended before its generation did)" in page_text(
+        admin_client.get(task_url(failed.id))
+    )
     usage = usage_object(120, 3, cached_tokens=100)
     assert lifecycle.task_succeed(
         task_id=task.id, worker=WORKER, item_id=ITEM_ID, text="Hello world", usage=usage, output_tokens=3
@@ -420,34 +495,19 @@ def test_a_task_page_links_the_tasks_that_share_its_batch(admin_client, batches)
         assert re.search(r"shares a batch with.*?<div class=\"readonly\">-</div>", shown, re.S | re.I)
 
 
-def batch_cells(page) -> dict[str, str]:
-    """Task id -> the text of its batch cell, and the cell's link when it has one."""
-    text = page_text(page)
-    rows = re.findall(r'<tr><td class="action-checkbox">.*?</tr>', text, re.S)
-    cells = {}
-    for row in rows:
-        task_id = re.search(r"(task_\w+)", row).group(1)
-        cell = re.search(r'<td class="field-batch_column">(.*?)</td>', row, re.S).group(1)
-        cells[task_id] = cell
-    return cells
-
-
-def test_the_task_list_shows_each_held_tasks_batch_in_one_query_however_many(
+def test_the_task_list_costs_the_same_queries_however_many_held_tasks_attempts_and_events(
     admin_client, batches, new_task, django_assert_num_queries
 ):
-    with django_assert_num_queries(LIST_QUERIES[TASKS] + 1):
-        page = admin_client.get(TASKS)
-    cells = batch_cells(page)
-    running = batches["a_demo"][0]
-    assert cells[running.id] == f'<a href="?batch={running.id}">with 2</a>'
-    assert cells[batches["a_base"][0].id] == f'<a href="?batch={batches["a_base"][0].id}">alone</a>'
-    assert cells[batches["b_demo"][1].id] == f'<a href="?batch={batches["b_demo"][1].id}">with 1</a>'
-    assert [cells[task.id] for task in batches["done"]] == ["-", "-"]
-
-    # More held tasks, in more processes: still one query for all of them.
+    with django_assert_num_queries(LIST_QUERIES[TASKS]):
+        assert admin_client.get(TASKS).status_code == 200
+    # More held tasks in more processes, tasks with several attempts and long logs: the same queries.
     for n in range(6):
-        new_task(S.RUNNING, worker=f"gpu1@host/{n % 3}")
-    with django_assert_num_queries(LIST_QUERIES[TASKS] + 1):
+        task = new_task(S.RUNNING, worker=f"gpu1@host/{n % 3}")
+        for _ in range(5):
+            append(task.id, ["x"] * 10)
+    requeued = new_task(S.RUNNING)
+    recovery_reap(requeued)
+    with django_assert_num_queries(LIST_QUERIES[TASKS]):
         assert admin_client.get(TASKS).status_code == 200
 
 
@@ -476,7 +536,17 @@ def test_the_cancel_action_follows_the_lifecycle(admin_client, new_task):
     cancelling, succeeded = new_task(S.CANCELLING), new_task(S.SUCCEEDED)
     chosen = [queued, running, loading, cancelling, succeeded]
 
-    page = admin_client.post(TASKS, {"action": "cancel_tasks", "_selected_action": [t.id for t in chosen]}, follow=True)
+    selection = {"action": "cancel_tasks", "_selected_action": [t.id for t in chosen]}
+    # Asked first: how many, by status, and which; nothing is cancelled yet.
+    asked = admin_client.post(TASKS, selection)
+    assert asked.status_code == 200
+    question = page_text(asked)
+    assert "This cancels <strong>5</strong> tasks" in question
+    assert "1 already finished (succeeded or failed): they are left as they are." in question
+    assert all(task.id in question for task in chosen)
+    assert Task.objects.get(pk=queued.id).status == S.QUEUED
+
+    page = admin_client.post(TASKS, {**selection, "confirmed": "yes"}, follow=True)
 
     assert page.status_code == 200
     status = dict(Task.objects.filter(pk__in=[t.id for t in chosen]).values_list("id", "status"))
@@ -534,10 +604,14 @@ def test_the_cancel_button_refuses_a_finished_task_with_a_message(admin_client, 
     assert events_of(task.id) == before
 
 
-def test_cancel_is_a_post_and_an_unknown_task_is_no_error(admin_client, new_task):
-    task = new_task(S.QUEUED)
-    assert admin_client.get(task_url(task.id, "cancel")).status_code == 405
-    assert Task.objects.get(pk=task.id).status == S.QUEUED
+def test_cancel_asks_first_on_a_get_and_an_unknown_task_is_no_error(admin_client, new_task):
+    task = new_task(S.RUNNING)
+    asked = admin_client.get(task_url(task.id, "cancel"))
+    assert asked.status_code == 200
+    assert f"Cancel task {task.id}?" in page_text(asked)
+    assert "it becomes cancelling, its worker stops generating" in page_text(asked)
+    assert 'id="lmsp-confirm-yes"' in page_text(asked)
+    assert Task.objects.get(pk=task.id).status == S.RUNNING
     unknown = "task_01ARZ3NDEKTSV4RRFFQ69G5FAV"
     missing = admin_client.post(task_url(unknown, "cancel"), follow=True)
     assert missing.status_code == 200
@@ -768,3 +842,205 @@ def test_a_superuser_made_with_createsuperuser_logs_into_the_admin(db, monkeypat
     assert index.status_code == 200
     for name in ("Tasks", "Task events", "Idempotency keys", "Clients", "Models"):
         assert name in page_text(index), name
+
+
+# --------------------------------------------------------------------------- #
+# Attempts, timings, the safe actions (issue 47)
+# --------------------------------------------------------------------------- #
+
+
+def attempt_cells(page) -> list[list[str]]:
+    rows = re.findall(r'<tr class="lmsp-attempt">(.*?)</tr>', page_text(page), re.S)
+    return [
+        [re.sub(r"<[^>]+>", "", cell).strip() for cell in re.findall(r"<td[^>]*>(.*?)</td>", row, re.S)] for row in rows
+    ]
+
+
+def test_every_attempt_is_kept_with_its_worker_times_and_why_it_ended(admin_client, new_task):
+    task = new_task(S.RUNNING)
+    recovery_reap(task)
+    # The log says the attempt's output was dropped, between the attempts.
+    assert events_of(task.id)[-1] == "response.queued"
+    start_running(task.id, worker="w2@host/7")
+    append(task.id, ["Again"], worker="w2@host/7", output_tokens=1)
+    assert lifecycle.task_succeed(
+        task_id=task.id, worker="w2@host/7", item_id=ITEM_ID, text="Again", usage=None, output_tokens=1
+    ).won
+
+    first, second = TaskAttempt.objects.filter(task_id=task.id).order_by("number")
+    assert (first.number, first.worker, first.end, first.output_tokens) == (1, WORKER, AttemptEnd.REAPED, 3)
+    assert first.reason == "its worker w@host/1 stopped reporting"
+    assert first.started_at <= first.first_token_at <= first.ended_at
+    assert (second.number, second.worker, second.end) == (2, "w2@host/7", AttemptEnd.SUCCEEDED)
+    stored = Task.objects.get(pk=task.id)
+    assert stored.finished_at is not None and stored.first_token_at == second.first_token_at
+
+    page = admin_client.get(task_url(task.id))
+    rows = attempt_cells(page)
+    assert [(row[0], row[1], row[8], row[9]) for row in rows] == [
+        ("1", WORKER, "reaped", "its worker w@host/1 stopped reporting"),
+        ("2", "w2@host/7", "succeeded", ""),
+    ]
+    text = page_text(page)
+    assert "response.queued" in re.search(r'<table class="lmsp-events">.*?</table>', text, re.S).group(0)
+    # Times to the millisecond: queue wait, first token, generation, duration.
+    for cell in ("lmsp-queue-wait", "lmsp-first-token", "lmsp-generation", "lmsp-duration"):
+        assert re.search(rf'id="{cell}">\d+(\.\d)? (ms|s)<', text), cell
+
+
+def test_a_running_attempt_shows_on_the_task_row_and_the_page_leads_with_status_worker_and_heartbeat(
+    admin_client, new_task
+):
+    task = new_task(S.RUNNING)
+    page = admin_client.get(task_url(task.id))
+    [row] = attempt_cells(page)
+    assert (row[0], row[1], row[4], row[8]) == ("1", WORKER, "-", "running")
+    text = page_text(page)
+    assert re.search(r'id="lmsp-heartbeat" class="">\d+\.\d s ago<', text)
+    assert 'id="lmsp-silent-note" class="lmsp-warning" hidden' in text
+    assert "(holds it now)" in text
+    live = admin_client.get(task_url(task.id, "liveness")).json()
+    assert (live["status"], live["worker"], live["held"], live["silent"]) == ("running", WORKER, True, False)
+
+
+def test_a_silent_workers_task_page_says_so(admin_client, new_task, settings):
+    settings.LMSP_HEARTBEAT_SILENT_SECONDS = 20
+    task = new_task(S.RUNNING)
+    Task.objects.filter(pk=task.id).update(heartbeat_at=timezone.now() - timedelta(seconds=45))
+    text = page_text(admin_client.get(task_url(task.id)))
+    assert 'id="lmsp-heartbeat" class="lmsp-status lmsp-status-silent">45.' in text
+    assert 'id="lmsp-silent-note" class="lmsp-warning" hidden' not in text
+    assert admin_client.get(task_url(task.id, "liveness")).json()["silent"] is True
+
+
+def test_a_finished_tasks_worker_is_its_last_attempts(admin_client, new_task):
+    task = new_task(S.SUCCEEDED)
+    text = page_text(admin_client.get(task_url(task.id)))
+    assert "(its last attempt's; it holds nothing now)" in text
+    assert "Worker holding the task" not in text
+
+
+def test_a_task_page_costs_the_same_queries_however_many_attempts_and_events(
+    admin_client, new_task, django_assert_num_queries
+):
+    short = new_task(S.RUNNING)
+    long = new_task(S.RUNNING)
+    for _ in range(2):
+        recovery_reap(long)
+        start_running(long.id)
+        for _ in range(20):
+            append(long.id, ["x"] * 5)
+    # Django's content types are read once per process: not a query of the page's.
+    admin_client.get(task_url(short.id))
+    queries = []
+    for task in (short, long):
+        with django_assert_num_queries(TASK_PAGE_QUERIES) as captured:
+            assert admin_client.get(task_url(task.id)).status_code == 200
+        queries.append(len(captured.captured_queries))
+    assert queries[0] == queries[1]
+
+
+# Session, user, the task (with client and response), the text (its numbers, its deltas), its lifecycle
+# events, its snapshot, its attempts, its batch peers, its reruns.
+TASK_PAGE_QUERIES = 10
+
+
+def test_run_again_asks_first_then_makes_a_linked_task_from_the_same_request(admin_client, new_task):
+    failed = new_task(S.FAILED, prompt="Tell me about lakes")
+    asked = admin_client.get(task_url(failed.id, "rerun"))
+    assert f"Run task {failed.id} again?" in page_text(asked)
+    assert not Task.objects.filter(rerun_of_id=failed.id).exists()
+
+    page = admin_client.post(task_url(failed.id, "rerun"), follow=True)
+    rerun = Task.objects.select_related("response").get(rerun_of_id=failed.id)
+    assert page.redirect_chain[-1][0] == task_url(rerun.id)
+    assert (rerun.status, rerun.client_id, rerun.on_restart) == (S.QUEUED, failed.client_id, failed.on_restart)
+    assert rerun.response.request == failed.response.request
+    assert rerun.response.generation == failed.response.generation
+    assert Task.objects.get(pk=failed.id).status == S.FAILED
+    assert re.search(rf"run again from <a [^>]*>{failed.id}</a>", page_text(page))
+    assert re.search(rf"run again as <a [^>]*>{rerun.id}</a>", page_text(admin_client.get(task_url(failed.id))))
+    entries = {(e.object_id, e.change_message) for e in LogEntry.objects.all()}
+    assert {(failed.id, f"Run again as {rerun.id}"), (rerun.id, f"Run again from {failed.id}")} <= entries
+
+
+@pytest.mark.parametrize("status", [S.SUCCEEDED, S.RUNNING])
+def test_run_again_refuses_a_task_that_did_not_fail_or_was_not_cancelled(admin_client, new_task, status):
+    task = new_task(status)
+    page = admin_client.post(task_url(task.id, "rerun"), follow=True)
+    assert any("was not run again" in message for message in messages_of(page))
+    assert not Task.objects.filter(rerun_of_id=task.id).exists()
+
+
+def test_hand_back_now_refuses_a_live_workers_task_and_hands_back_a_silent_ones(admin_client, new_task, settings):
+    settings.LMSP_HEARTBEAT_SILENT_SECONDS = 20
+    live, silent = new_task(S.RUNNING), new_task(S.RUNNING, worker="gone@nowhere/1")
+    asked = admin_client.get(task_url(live.id, "hand-back"))
+    assert f"Hand task {live.id} back now?" in page_text(asked)
+
+    refused = admin_client.post(task_url(live.id, "hand-back"), follow=True)
+    assert any("it is alive, and keeps the task" in message for message in messages_of(refused))
+    assert Task.objects.get(pk=live.id).status == S.RUNNING
+    assert not TaskAttempt.objects.filter(task_id=live.id).exists()
+
+    Task.objects.filter(pk=silent.id).update(heartbeat_at=timezone.now() - timedelta(seconds=30))
+    page = admin_client.post(task_url(silent.id, "hand-back"), follow=True)
+    assert any("was handed back: failed" in message for message in messages_of(page))
+    stored = Task.objects.get(pk=silent.id)
+    assert stored.status == S.FAILED and stored.error["code"] == "server_restarted"
+    attempt = TaskAttempt.objects.get(task_id=silent.id)
+    assert attempt.end == AttemptEnd.OPERATOR and "an operator (admin) handed it back" in attempt.reason
+    assert LogEntry.objects.get(object_id=silent.id).change_message == "Hand back: running -> failed"
+
+
+def test_the_workers_page_shows_each_nodes_liveness_tasks_models_and_rate(
+    admin_client, new_task, settings, django_assert_num_queries
+):
+    settings.LMSP_WORKER_SILENT_SECONDS = 15
+    settings.LMSP_HEARTBEAT_SILENT_SECONDS = 20
+    engines = [{"model": "demo", "device": "CPUExecutionProvider", "rows": 2, "waiting": 1, "tokens_per_s": 812.5}]
+    for name in ("live@host", "frozen@host"):
+        worker_node_report(
+            name=name,
+            hostname="host",
+            pid=41,
+            pool="threads",
+            state=WorkerNodeState.ONLINE,
+            started_at=timezone.now(),
+            max_rows=8,
+            engines=engines,
+        )
+    WorkerNode.objects.filter(pk="frozen@host").update(reported_at=timezone.now() - timedelta(seconds=40))
+    stuck = new_task(S.RUNNING, worker="frozen@host/41")
+    Task.objects.filter(pk=stuck.id).update(heartbeat_at=timezone.now() - timedelta(seconds=40))
+    new_task(S.RUNNING, worker="live@host/41")
+
+    with django_assert_num_queries(WORKERS_PAGE_QUERIES):
+        page = admin_client.get(WORKERS)
+    text = page_text(page)
+    rows = dict(re.findall(r'<th class="field-name"><a [^>]*>([^<]+)</a></th>(.*?)</tr>', text, re.S))
+    frozen, live = rows["frozen@host"], rows["live@host"]
+    assert "silent for 40 s" in frozen and "lmsp-status-silent" in frozen
+    assert 'href="/admin/tasks_app/task/?worker=frozen%40host&amp;heartbeat=silent">1 stuck</a>' in frozen
+    assert "online" in live and "stuck" not in live
+    assert "demo (CPUExecutionProvider)" in live and "2 / 8, 1 waiting" in live and "812.5" in live
+    # The stuck link lists that node's silent task.
+    listed = admin_client.get(TASKS, {"worker": "frozen@host", "heartbeat": "silent"}).context["cl"].result_list
+    assert [task.id for task in listed] == [stuck.id]
+
+
+# Session, user, two counts of the (small) nodes table, the held tasks grouped by worker, the page of nodes.
+WORKERS_PAGE_QUERIES = 6
+WORKERS = "/admin/tasks_app/workernode/"
+
+
+def test_an_idempotency_key_of_post_tasks_links_its_task(admin_client, api):
+    reply = api.post(
+        "/lmsp/v1/tasks",
+        {"type": "response", "input": {"model": "demo", "input": "Hi"}},
+        headers={"Idempotency-Key": "k-47"},
+    )
+    assert reply.status_code == 202
+    key = IdempotencyKey.objects.get(key="k-47")
+    assert key.task_id == reply.json()["id"]
+    assert reply.json()["id"] in page_text(admin_client.get(KEYS))

@@ -3,20 +3,15 @@ against a real uvicorn and a real Celery worker generating on the demo model.
 
 An operator logs in, opens a running task, watches its text grow as the page
 follows the task's event stream with the staff session, presses Cancel and
-sees ``cancelled``; the text on the page is then exactly the cancelled
+(and confirms) and sees ``cancelled``; the text on the page is then exactly the cancelled
 response's text (nothing repeated or lost across the page reload). A stream
 cut short is resumed by the browser itself with Last-Event-ID.
 """
 
 from __future__ import annotations
 
-import os
 import time
-import urllib.error
-import urllib.request
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
@@ -26,11 +21,11 @@ from django.db import connections
 from tasks_app.models import Task, TaskEvent
 from tasks_app.selectors import tasks as selectors
 from tasks_app.states import TaskStatus
+from tests.support.browser import assert_static_served, login
 from tests.support.demo import ENDLESS_MODEL
 from tests.support.tasks import create, wait_for_status
 from tests.support.waiting import wait_until
 
-CHROMIUM = Path("/usr/bin/chromium")
 TEXT = "document.getElementById('lmsp-live-text').textContent"
 STATUS = "document.getElementById('lmsp-live-status').textContent"
 CURSOR_ABOVE = "n => parseInt(document.getElementById('lmsp-output').dataset.cursor, 10) > n"
@@ -39,54 +34,6 @@ FIELD = "name => document.querySelector('.field-' + name + ' .readonly').textCon
 FIELD_IS = "([name, value]) => document.querySelector('.field-' + name + ' .readonly')?.textContent.trim() === value"
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture
-def page(monkeypatch) -> Iterator:
-    if not CHROMIUM.exists():
-        reason = f"{CHROMIUM} is missing (apt-get install chromium; .ci/run installs it)"
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"{reason}: the browser test must run under CI")
-        pytest.skip(reason)
-    from playwright.sync_api import sync_playwright
-
-    # Playwright's sync API keeps an asyncio loop in this thread, and Django
-    # then refuses ORM calls; nothing here runs concurrently with them.
-    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=["--no-sandbox"])
-        try:
-            tab = browser.new_page()
-            # A deadline against a hang, not a speed claim.
-            tab.set_default_timeout(60_000)
-            tab.problems = []
-            tab.on("pageerror", lambda error: tab.problems.append(f"page error: {error}"))
-            tab.on("console", lambda msg: _console_problem(tab, msg))
-            yield tab
-        finally:
-            browser.close()
-            # While the loop runs, Django keys its connections to the loop's
-            # context: close the ones the test opened, or PostgreSQL keeps a
-            # session on the test database and it cannot be dropped.
-            connections.close_all()
-
-
-def _console_problem(tab, message) -> None:
-    # The browser's own /favicon.ico request is no page's doing (there is none).
-    if message.type == "error" and not message.location.get("url", "").endswith("/favicon.ico"):
-        tab.problems.append(f"console: {message.text} ({message.location.get('url')})")
-
-
-def assert_static_served(base: str) -> None:
-    """The live pane is a static file: say so plainly when /static/ serves nothing."""
-    try:
-        with urllib.request.urlopen(f"{base}/static/tasks_app/task_live.js", timeout=10) as reply:
-            assert b"EventSource" in reply.read()
-    except urllib.error.HTTPError as exc:
-        pytest.fail(
-            f"the server does not serve /static/ ({exc.code}); the admin needs its static files (docs/admin.md)"
-        )
 
 
 def text_length(tab) -> int:
@@ -106,14 +53,6 @@ def watch_it_grow(tab) -> int:
     second = text_length(tab)
     assert second > first, tab.problems
     return second
-
-
-def login(tab, base: str, path: str) -> None:
-    tab.goto(f"{base}/admin/login/?next={path}")
-    tab.fill("#id_username", "operator")
-    tab.fill("#id_password", "an operator password")
-    tab.click("input[type=submit]")
-    tab.wait_for_url(f"{base}{path}")
 
 
 def test_an_operator_watches_a_running_task_grow_and_cancels_it(api, running_slow_device_worker, web_server, page):
@@ -143,7 +82,10 @@ def test_an_operator_watches_a_running_task_grow_and_cancels_it(api, running_slo
     assert text == selectors.task_output_text_until(task_id=task["id"], last_sequence=cursor)
     assert Task.objects.get(pk=task["id"]).status == TaskStatus.RUNNING
 
+    # Cancel asks first (what it will do), then cancels.
     page.click("#lmsp-cancel")
+    page.wait_for_selector("#lmsp-confirm-yes")
+    page.click("#lmsp-confirm-yes")
     page.wait_for_url(f"{web_server.base}{detail}")
     # The page after the cancel says cancelled at once, or cancelling until the
     # worker's response.cancelled arrives on its stream; it then reloads

@@ -38,6 +38,10 @@ from tasks_app.models import Response
 from tests.support.demo import DEMO_MODEL, ENDLESS_MODEL
 from tests.support.server import REPO
 
+# A client's protocol over the engine, whose writes the lifecycle's, recovery's and the adapters' own tests
+# test on both databases: the SQLite pass only (pyproject.toml, the sqlite_pass marker).
+pytestmark = pytest.mark.sqlite_pass
+
 # openai-agents raises on a response that hit its token limit (`incomplete`, as
 # OpenAI sends it), so its Responses runs use `demo`, which always ends by
 # itself well within this many tokens (by the end of its EOS ramp,

@@ -17,6 +17,10 @@ import pytest
 from tasks_app.models import Task
 from tasks_app.services.clients import client_revoke
 
+# A client's protocol over the engine, whose writes the lifecycle's, recovery's and the adapters' own tests
+# test on both databases: the SQLite pass only (pyproject.toml, the sqlite_pass marker).
+pytestmark = pytest.mark.sqlite_pass
+
 MESSAGES = "/lmsp/v1/messages"
 COUNT_TOKENS = "/lmsp/v1/messages/count_tokens"
 HELLO = [{"role": "user", "content": "Hello"}]

@@ -19,11 +19,13 @@ pytestmark = pytest.mark.database_free
 
 REPO = Path(__file__).resolve().parent.parent
 PACKAGES = ("tasks_app", "workers", "lmsp_project", "fixture_models")
-# The lifecycle and the modules it is made of: the verbs, their compare-and-set, recovery's moves, the log's rows.
+# The lifecycle and the modules it is made of: the verbs, their compare-and-set, recovery's moves, the log's
+# rows, the attempt log.
 LIFECYCLE = frozenset(
-    REPO / "tasks_app" / "core" / f"{name}.py" for name in ("lifecycle", "transitions", "recovery_moves", "log_rows")
+    REPO / "tasks_app" / "core" / f"{name}.py"
+    for name in ("lifecycle", "transitions", "recovery_moves", "log_rows", "attempt_log")
 )
-STATE_MODELS = {"Task", "TaskEvent", "TaskSnapshot", "Response"}
+STATE_MODELS = {"Task", "TaskEvent", "TaskSnapshot", "Response", "TaskAttempt"}
 WRITES = {"update", "create", "bulk_create", "get_or_create", "update_or_create", "bulk_update"}
 
 
@@ -51,7 +53,7 @@ def _receiver_models(node: ast.expr) -> set[str]:
             return {node.id} if isinstance(node, ast.Name) else set()
 
 
-def test_only_the_lifecycle_writes_tasks_events_snapshots_and_responses():
+def test_only_the_lifecycle_writes_tasks_events_snapshots_responses_and_attempts():
     assert all(path.is_file() for path in LIFECYCLE)
     found = []
     for path, tree in sources():

@@ -18,6 +18,10 @@ from tasks_app.states import TaskStatus
 from tests.support.demo import ENDLESS_MODEL
 from tests.support.waiting import wait_until
 
+# A client's protocol over the engine, whose writes the lifecycle's, recovery's and the adapters' own tests
+# test on both databases: the SQLite pass only (pyproject.toml, the sqlite_pass marker).
+pytestmark = pytest.mark.sqlite_pass
+
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello"}]
 
 

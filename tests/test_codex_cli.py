@@ -42,10 +42,14 @@ MARK = "codex-round-trip-42"
 TOOL_PROMPT = "Run the echo."
 TOOL_CALL = '<tool_call>{"name": "exec_command", "arguments": {"cmd":"echo ' + MARK + '"}}</tool_call>'
 
-pytestmark = pytest.mark.skipif(
-    not CODEX.exists(),
-    reason="Codex CLI is not installed: run `npm ci` in tests/clients/js (it needs node and npm)",
-)
+pytestmark = [
+    pytest.mark.skipif(
+        not CODEX.exists(),
+        reason="Codex CLI is not installed: run `npm ci` in tests/clients/js (it needs node and npm)",
+    ),
+    # A client's protocol: the SQLite pass only (pyproject.toml, the sqlite_pass marker).
+    pytest.mark.sqlite_pass,
+]
 
 
 @dataclass

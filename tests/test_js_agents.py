@@ -26,6 +26,10 @@ from tasks_app.openai.responses.input_items import MessageContentField
 from tests.support.demo import DEMO_MODEL
 from tests.support.problems import assert_problem
 
+# A client's protocol over the engine, whose writes the lifecycle's, recovery's and the adapters' own tests
+# test on both databases: the SQLite pass only (pyproject.toml, the sqlite_pass marker).
+pytestmark = pytest.mark.sqlite_pass
+
 JS = Path(__file__).parent / "clients" / "js"
 SCRIPT = JS / "agents_chat.mjs"
 NODE = shutil.which("node")

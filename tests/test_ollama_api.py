@@ -31,6 +31,10 @@ from tests.support.hf_hub import hf_hub_stand_in
 from tests.support.server import REPO, uvicorn_process
 from tests.support.waiting import wait_until
 
+# A client's protocol over the engine, whose writes the lifecycle's, recovery's and the adapters' own tests
+# test on both databases: the SQLite pass only (pyproject.toml, the sqlite_pass marker).
+pytestmark = pytest.mark.sqlite_pass
+
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello"}]
 
 

@@ -21,6 +21,10 @@ from django.test import override_settings
 from tasks_app.models import Task
 from tasks_app.services.clients import client_revoke
 
+# A client's protocol over the engine, whose writes the lifecycle's, recovery's and the adapters' own tests
+# test on both databases: the SQLite pass only (pyproject.toml, the sqlite_pass marker).
+pytestmark = pytest.mark.sqlite_pass
+
 HELLO = [{"role": "user", "content": "Hello"}]
 # Each route with a body that would pass (an unknown model: past authentication and scopes, nothing is queued).
 ROUTES: dict[tuple[str, str], dict[str, Any] | None] = {

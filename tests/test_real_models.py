@@ -45,6 +45,10 @@ from tests.support.worker import (
     process_stopped,
 )
 
+# Model layouts over the engine, whose writes the lifecycle's and recovery's own tests test on both
+# databases (a resume token for token: test_recovery): the SQLite pass only (pyproject.toml, sqlite_pass).
+pytestmark = pytest.mark.sqlite_pass
+
 FIXTURES = Path(__file__).parent / "fixtures"
 REFERENCES = json.loads((FIXTURES / "model_references.json").read_text(encoding="utf-8"))["models"]
 CHUNK = 8

@@ -33,6 +33,10 @@ from workers.backends.errors import GenerationError
 from workers.backends.onnx import OnnxModel, OnnxRuntimeBackend
 from workers.backends.sampling import Sampler, SamplingDefaults, SamplingPool, SamplingSettings
 
+# A client's protocol over the engine, whose writes the lifecycle's, recovery's and the adapters' own tests
+# test on both databases: the SQLite pass only (pyproject.toml, the sqlite_pass marker).
+pytestmark = pytest.mark.sqlite_pass
+
 QWEN_CONFIG = {"do_sample": True, "repetition_penalty": 1.05, "temperature": 0.7, "top_k": 20, "top_p": 0.8}
 PROMPT = {"instructions": "Tell a story.", "input": "The lighthouse keeper climbed the stairs"}
 

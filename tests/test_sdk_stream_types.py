@@ -27,6 +27,10 @@ from tests.support.demo import ENDLESS_MODEL
 from tests.support.logs import assert_well_formed_log, delta_text
 from tests.support.sse import call, open_stream
 
+# A client's protocol over the engine, whose writes the lifecycle's, recovery's and the adapters' own tests
+# test on both databases: the SQLite pass only (pyproject.toml, the sqlite_pass marker).
+pytestmark = pytest.mark.sqlite_pass
+
 RESPONSES = "/lmsp/v1/responses"
 ENDINGS = ("completed", "incomplete", "cancelled", "failed")
 # The event class of each `type` in the union (the package discriminates on `type` itself).

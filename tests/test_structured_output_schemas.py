@@ -25,6 +25,10 @@ from pydantic import BaseModel, Field
 
 from tasks_app.models import Response, Task
 
+# A client's protocol over the engine, whose writes the lifecycle's, recovery's and the adapters' own tests
+# test on both databases: the SQLite pass only (pyproject.toml, the sqlite_pass marker).
+pytestmark = pytest.mark.sqlite_pass
+
 # Bounded, as a careful schema author writes them; the unbounded schema a framework sends by
 # default is the completion test's (PERSON_SCHEMA below).
 

@@ -33,6 +33,10 @@ from tasks_app.registry.scan import model_scan
 from tests.support.scripted import scripted_model
 from tests.support.templates import FAMILY_TEMPLATES, family_template
 
+# A client's protocol over the engine, whose writes the lifecycle's, recovery's and the adapters' own tests
+# test on both databases: the SQLite pass only (pyproject.toml, the sqlite_pass marker).
+pytestmark = pytest.mark.sqlite_pass
+
 WEATHER_PARAMETERS = {
     "type": "object",
     "properties": {

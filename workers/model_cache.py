@@ -109,6 +109,11 @@ class ModelCache:
             self._entries[record.name] = entry
             return entry
 
+    def loaded(self) -> dict[str, str]:
+        """The models loaded now, and the execution provider each runs on (its device)."""
+        with self._lock:
+            return {name: entry.model.provider for name, entry in self._entries.items() if not entry.retired}
+
     def clear(self) -> None:
         with self._lock:
             while self._entries:

@@ -144,6 +144,12 @@ class Recorder:
         with self._lock:
             self._engines[engine.worker, engine.model] = engine
 
+    def engine_readings(self) -> list[dict[str, float | str]]:
+        """Each open engine of this process now (``EngineMetrics.reading``)."""
+        with self._lock:
+            engines = list(self._engines.values())
+        return [reading for engine in engines if not (reading := engine.reading())["closed"]]
+
     def _gauges_due(self) -> tuple[dict[str, dict[str, float]], list[EngineMetrics]]:
         """Per worker process, its gauge fields if they changed since they were sent or are due for a refresh;
         and the engines that were closed when read."""
@@ -448,6 +454,19 @@ class EngineMetrics:
             self._window_tokens, self._rate = 0, 0.0
         if self._recorder is not None:
             self._recorder.flush_soon()
+
+    def reading(self) -> dict[str, float | str]:
+        """The engine now, for its node's report (``workers.node_report``): rows, waiting rows, the batch
+        size, and the tokens/s of the rate gauge's last window. Moves no window."""
+        with self._lock:
+            return {
+                "model": self.model,
+                "rows": self._running,
+                "waiting": self._waiting,
+                "max_batch": self._max_batch,
+                "tokens_per_s": round(self._rate, 1),
+                "closed": self._closed,
+            }
 
     def gauge_fields(self) -> tuple[dict[str, float], bool]:
         """The gauges' fields for this process's hash, and whether the engine was closed when they were read.

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from django.contrib import admin
 
-from tasks_app.admin import client_admin, model_record_admin, record_admins, task_admin, webhook_admin
+from tasks_app.admin import client_admin, model_record_admin, record_admins, task_admin, webhook_admin, worker_admin
 from tasks_app.admin.bounded_counts import BoundedCountAdmin, BoundedCountPaginator
 from tasks_app.admin.task_admin import TaskAdmin
 
@@ -32,6 +32,7 @@ __all__ = (
     "record_admins",
     "task_admin",
     "webhook_admin",
+    "worker_admin",
 )
 
 admin.site.site_header = "LMSP service"
@@ -39,3 +40,5 @@ admin.site.site_title = "LMSP admin"
 admin.site.index_title = "Operations"
 # The service has no site outside the API and the admin.
 admin.site.site_url = None
+# No app list beside every page: its 300 px are the task list's columns at 1280 px (the home page lists them).
+admin.site.enable_nav_sidebar = False

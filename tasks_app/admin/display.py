@@ -48,3 +48,22 @@ def task_link(task_id: str | None) -> str:
 
 def task_events_changelist_url(task_id: str) -> str:
     return reverse("admin:tasks_app_taskevent_changelist") + "?" + urlencode({TaskIdFilter.parameter_name: task_id})
+
+
+def status_badge(kind: str, text: str, title: str = "") -> str:
+    """A coloured label (``admin.css``: ``lmsp-status-<kind>``), for a status the eye must find in a list."""
+    return format_html('<span class="lmsp-status lmsp-status-{}" title="{}">{}</span>', kind, title or text, text)
+
+
+def duration_text(ms: float | None) -> str:
+    """``850 ms``, ``12.3 s``, ``4 min 05 s``, ``2 h 03 min``; ``-`` for none."""
+    if ms is None:
+        return "-"
+    if ms < 1000:
+        return f"{ms:.0f} ms"
+    seconds = ms / 1000
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    if seconds < 3600:
+        return f"{int(seconds // 60)} min {int(seconds % 60):02d} s"
+    return f"{int(seconds // 3600)} h {int(seconds % 3600 // 60):02d} min"

@@ -8,12 +8,14 @@ from django.contrib import admin
 from django.db.models import QuerySet
 from django.db.models.functions import Substr
 from django.http import HttpRequest
+from django.utils import timezone
 from django.utils.html import format_html
 
 from tasks_app.admin.access import ReadOnlyAdmin
 from tasks_app.admin.bounded_counts import BoundedCountAdmin
 from tasks_app.admin.display import json_column, pretty_json, task_link
 from tasks_app.admin.filters import ModelNameFilter, TaskIdFilter
+from tasks_app.events import EventType
 from tasks_app.models import IdempotencyKey, PairingCode, Response, Task, TaskEvent
 from tasks_app.selectors import tasks as selectors
 
@@ -23,11 +25,28 @@ PAYLOAD_PREVIEW_CHARS = 160
 RESPONSE_BODY_FIELDS = ("request", "output", "usage", "error", "incomplete_details", "metadata")
 
 
+class EventTypeFilter(admin.SimpleListFilter):
+    """One type of event (a task's lifecycle without its deltas: pick ``response.in_progress``, say)."""
+
+    title = "type"
+    parameter_name = "type"
+    LIFECYCLE = "lifecycle"
+
+    def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin) -> list[tuple[str, str]]:
+        return [(self.LIFECYCLE, "all but output deltas"), *((str(kind), str(kind)) for kind in EventType)]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
+        value = self.value()
+        if value == self.LIFECYCLE:
+            return queryset.exclude(type__in=selectors.DELTA_EVENT_TYPES)
+        return queryset.filter(type=value) if value in EventType.__members__.values() else queryset
+
+
 @admin.register(TaskEvent)
 class TaskEventAdmin(BoundedCountAdmin, ReadOnlyAdmin):
-    list_display = ("event_column", "task_column", "sequence_number", "type", "created_at", "payload_preview")
+    list_display = ("event_column", "task_column", "type_column", "created_column", "payload_preview")
     list_display_links = ("event_column",)
-    list_filter = (TaskIdFilter,)
+    list_filter = (TaskIdFilter, EventTypeFilter)
     search_fields = ("task__id__exact",)
     search_help_text = "A task id, exactly."
     list_defer = ("payload",)
@@ -47,9 +66,17 @@ class TaskEventAdmin(BoundedCountAdmin, ReadOnlyAdmin):
             return ("task_id", "sequence_number")
         return ("-id",)
 
-    @admin.display(description="event", ordering="id")
+    @admin.display(description="#", ordering="id")
     def event_column(self, event: TaskEvent) -> str:
-        return f"#{event.sequence_number} {event.type}"
+        return f"#{event.sequence_number}"
+
+    @admin.display(description="type", ordering="type")
+    def type_column(self, event: TaskEvent) -> str:
+        return format_html('<span class="lmsp-event-type">{}</span>', event.type)
+
+    @admin.display(description="created", ordering="created_at")
+    def created_column(self, event: TaskEvent) -> str:
+        return timezone.localtime(event.created_at).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
 
     @admin.display(description="task", ordering="task")
     def task_column(self, event: TaskEvent) -> str:

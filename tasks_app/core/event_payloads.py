@@ -31,6 +31,11 @@ def created(response: Response) -> Event:
     return Event(E.CREATED, {"response": response_object(response)})
 
 
+def requeued(response: Response) -> Event:
+    """A rerun: the response is queued again, its output empty."""
+    return Event(E.QUEUED, {"response": response_object(response)})
+
+
 def in_progress(response: Response) -> Event:
     return Event(E.IN_PROGRESS, {"response": response_object(response)})
 

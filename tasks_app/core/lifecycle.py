@@ -102,6 +102,7 @@ def task_insert(
     metadata: Mapping[str, str] | None = None,
     notify_webhooks: bool = False,
     protocol: Protocol = Protocol.LMSP,
+    rerun_of: Task | None = None,
 ) -> Task:
     """Create a queued task, its response and event 0 (``response.created``).
 
@@ -112,7 +113,7 @@ def task_insert(
     Runs in the caller's transaction when there is one, so that the caller can
     commit the idempotency record with it. ``notify_webhooks``: the task's end
     is delivered to its client's webhook endpoints (not for a response whose
-    caller waits on the connection).
+    caller waits on the connection). ``rerun_of``: the task an operator ran again to make this one.
     """
     now = timezone.now()
     # No savepoint: inside a caller's transaction a failure here must undo
@@ -139,6 +140,7 @@ def task_insert(
             response=response,
             last_sequence=0,
             notify_webhooks=notify_webhooks,
+            rerun_of=rerun_of,
             created_at=now,
             updated_at=now,
         )
@@ -152,6 +154,8 @@ def task_insert(
 
 # Every commit a worker makes is also its heartbeat.
 _BEAT = ("heartbeat_at",)
+# A claim or an adoption opens an attempt (``tasks_app.core.attempt_log``).
+_OPEN = ("heartbeat_at", "attempt_started_at")
 
 
 def task_claim(*, task_id: str, worker: str) -> TransitionResult:
@@ -161,8 +165,14 @@ def task_claim(*, task_id: str, worker: str) -> TransitionResult:
     attempt's events begin (a claim writes none): an earlier attempt's output
     item is never this one's, even while this one has opened none.
     """
-    columns = {"worker": worker, "attempts": F("attempts") + 1, "output_tokens": 0, "attempt_after": F("last_sequence")}
-    return write_apply(task_id, Write(MOVES["task_claim"], task=columns, stamped=_BEAT))
+    columns = {
+        "worker": worker,
+        "attempts": F("attempts") + 1,
+        "output_tokens": 0,
+        "attempt_after": F("last_sequence"),
+        "first_token_at": None,
+    }
+    return write_apply(task_id, Write(MOVES["task_claim"], task=columns, stamped=_OPEN))
 
 
 def task_adopt(*, task_id: str, worker: str) -> TransitionResult:
@@ -172,8 +182,8 @@ def task_adopt(*, task_id: str, worker: str) -> TransitionResult:
     A compare-and-set on an empty ``worker``: of several workers handed the
     same task, one wins. The attempt is counted like a claim's.
     """
-    columns = {"worker": worker, "attempts": F("attempts") + 1}
-    return write_apply(task_id, Write(MOVES["task_adopt"], task=columns, stamped=_BEAT, holder=""))
+    columns = {"worker": worker, "attempts": F("attempts") + 1, "first_token_at": None}
+    return write_apply(task_id, Write(MOVES["task_adopt"], task=columns, stamped=_OPEN, holder=""))
 
 
 def task_start(
@@ -210,6 +220,7 @@ def task_start(
         opening=event_payloads.in_progress,
         snapshot=snapshot,
         holder=worker,
+        output=bool(deltas) or bool(output_tokens),
     )
     return write_apply(task_id, write)
 
@@ -274,6 +285,7 @@ def _progress_write(batch: ProgressBatch) -> Write:
         events=written,
         snapshot=batch.snapshot,
         holder=batch.worker,
+        output=batch.output_tokens > 0,
     )
 
 
@@ -329,6 +341,7 @@ def task_succeed(
         events=written,
         closing=event_payloads.finished,
         holder=worker,
+        output=output_tokens > 0,
     )
     return write_apply(task_id, write)
 

@@ -22,6 +22,7 @@ from django.utils import timezone
 
 from tasks_app import faults, states
 from tasks_app.core import event_payloads, output_items
+from tasks_app.core.attempt_log import ATTEMPT_FIELDS, attempts_close
 from tasks_app.core.log_rows import event_row
 from tasks_app.core.output_items import task_outputs_items
 from tasks_app.core.webhook_outbox import TaskEnd, webhook_deliveries_enqueue
@@ -29,7 +30,7 @@ from tasks_app.exceptions import TransitionNotAllowed
 from tasks_app.models import Response, Task, TaskEvent, TaskSnapshot
 from tasks_app.plumbing.db_locks import busy_as_unavailable
 from tasks_app.plumbing.notify import tasks_changed_on_commit
-from tasks_app.states import ResponseStatus, TaskStatus
+from tasks_app.states import AttemptEnd, ResponseStatus, TaskStatus
 
 S = TaskStatus
 
@@ -44,6 +45,9 @@ class RecoveryMove:
     worker: str
     heartbeat_at: datetime | None
     error: Mapping[str, Any] | None = None
+    # How the attempt it lets go of ended, and why (the task's attempt log).
+    end: AttemptEnd = AttemptEnd.RECOVERED
+    reason: str = ""
 
     def check(self) -> None:
         if not states.recovery_allows(self.found, self.to):
@@ -102,12 +106,12 @@ def tasks_recover(*, moves: Sequence[RecoveryMove]) -> RecoveryBatch:
 _RECOVERY_FIELDS = (
     "id",
     "status",
-    "worker",
     "heartbeat_at",
     "last_sequence",
     "response_id",
     "client_id",
     "notify_webhooks",
+    *ATTEMPT_FIELDS,
 )
 
 
@@ -138,11 +142,18 @@ def _recovery_sort(
 
 
 # What each target writes on the task row; ``error`` is added per task for ``failed``.
+# A move that lets go of the attempt empties its columns (its row in the attempt log keeps them).
 _RECOVERY_TASK_COLUMNS: Mapping[TaskStatus, Mapping[str, Any]] = {
     S.FAILED: {},
     S.CANCELLED: {},
-    S.QUEUED: {"worker": "", "heartbeat_at": None, "output_tokens": 0},
-    S.RUNNING: {"worker": "", "heartbeat_at": None},
+    S.QUEUED: {
+        "worker": "",
+        "heartbeat_at": None,
+        "output_tokens": 0,
+        "attempt_started_at": None,
+        "first_token_at": None,
+    },
+    S.RUNNING: {"worker": "", "heartbeat_at": None, "attempt_started_at": None, "first_token_at": None},
 }
 
 
@@ -157,9 +168,12 @@ def _recovery_tasks_update(
     changes = []
     for (found, to, _), group in groups.items():
         columns: dict[str, Any] = {"updated_at": now, **_RECOVERY_TASK_COLUMNS[to]}
-        grows = to in states.TERMINAL
+        # A terminal event, or a rerun's ``response.queued``.
+        grows = to in states.TERMINAL or to == S.QUEUED
         if to != found:
             columns["status"] = to
+        if to in states.TERMINAL:
+            columns["finished_at"] = now
         if grows:
             columns["last_sequence"] = F("last_sequence") + 1
         if group[0].error:
@@ -175,17 +189,39 @@ def _recovery_tasks_update(
 def _recovery_finish(moves: Sequence[RecoveryMove], rows: Mapping[str, Mapping[str, Any]], now: datetime) -> None:
     """The responses' new state, the terminal events, and the snapshots the moved tasks no longer need."""
     ending = [move for move in moves if move.to in states.TERMINAL]
-    rerun = [rows[move.task_id]["response_id"] for move in moves if move.to == S.QUEUED]
+    rerun = [move for move in moves if move.to == S.QUEUED]
+    attempts_close(rows=[(m.task_id, rows[m.task_id], m.end, m.reason) for m in moves if m.found != S.QUEUED], now=now)
     if rerun:
-        Response.objects.filter(pk__in=rerun).update(
-            status=ResponseStatus.QUEUED, output=[], usage=None, updated_at=now
-        )
+        _recovery_requeue(rerun, rows, now)
     if ending:
         _recovery_end(ending, rows, now)
     forget = [move.task_id for move in moves if move.to != S.RUNNING]
     if forget:
         # A finished task is never resumed; a rerun starts from nothing.
         TaskSnapshot.objects.filter(task_id__in=forget).delete()
+
+
+def _recovery_requeue(moves: Sequence[RecoveryMove], rows: Mapping[str, Mapping[str, Any]], now: datetime) -> None:
+    """The responses start over, and each log says so: ``response.queued``, with the emptied response.
+
+    A client following the stream learns there that the text it has is
+    dropped: the rerun's events rebuild the output from its first item
+    (docs/admin.md, "Requeues").
+    """
+    response_ids = [rows[move.task_id]["response_id"] for move in moves]
+    Response.objects.filter(pk__in=response_ids).update(
+        status=ResponseStatus.QUEUED, output=[], usage=None, updated_at=now
+    )
+    responses = Response.objects.in_bulk(response_ids)
+    TaskEvent.objects.bulk_create(
+        event_row(
+            move.task_id,
+            rows[move.task_id]["last_sequence"] + 1,
+            event_payloads.requeued(responses[rows[move.task_id]["response_id"]]),
+            now,
+        )
+        for move in moves
+    )
 
 
 def _recovery_end(moves: Sequence[RecoveryMove], rows: Mapping[str, Mapping[str, Any]], now: datetime) -> None:

@@ -28,9 +28,11 @@ from typing import Any
 
 from django.db import transaction
 from django.db.models import F
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from tasks_app import events, faults, states
+from tasks_app.core.attempt_log import attempt_close_on_end
 from tasks_app.core.log_rows import events_insert, snapshot_encoded, snapshots_keep
 from tasks_app.core.webhook_outbox import TaskEnd, webhook_deliveries_enqueue
 from tasks_app.events import Event
@@ -116,6 +118,8 @@ class Write:
     drop_snapshots: bool = False
     # Fencing: a worker that lost its task (and may still be generating) can no longer write to it.
     holder: str | None = None
+    # The write carries output: the attempt's first such write stamps ``first_token_at``.
+    output: bool = False
 
     @property
     def event_count(self) -> int:
@@ -197,6 +201,8 @@ def _applied(task_id: str, write: Write, encoded: _Encoded, now: datetime) -> Tr
             specs.append(events.encoded(write.closing(response)))
     rows = events_insert(task, specs, now)
     snapshots_keep(task, encoded.snapshot, now, drop=write.drop_snapshots)
+    if task.status in states.TERMINAL:
+        attempt_close_on_end(task, specs[-1].type if specs else None)
     if task.notify_webhooks and task.status in states.TERMINAL:
         # The outbox rows commit with the task's end, or neither does (docs/webhooks.md).
         end = TaskEnd(task.id, task.response_id, task.client_id, str(specs[-1].type))
@@ -205,7 +211,13 @@ def _applied(task_id: str, write: Write, encoded: _Encoded, now: datetime) -> Tr
 
 
 def _compare_and_set(task_id: str, write: Write, now: datetime) -> bool:
-    columns: dict[str, Any] = {"updated_at": now, **dict.fromkeys(write.stamped, write_clock(now)), **write.task}
+    clock = write_clock(now)
+    columns: dict[str, Any] = {"updated_at": now, **dict.fromkeys(write.stamped, clock), **write.task}
+    if write.output:
+        # In the same UPDATE: the attempt's first token costs no query of its own.
+        columns["first_token_at"] = Coalesce(F("first_token_at"), clock)
+    if write.move.to in states.TERMINAL:
+        columns["finished_at"] = clock
     if write.event_count:
         columns["last_sequence"] = F("last_sequence") + write.event_count
     if write.move.to is not None:

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from django.db.models import Count, F, Q, QuerySet
+from django.utils import timezone
 
 from tasks_app import states
 from tasks_app.core import output_items
@@ -22,7 +24,7 @@ from tasks_app.exceptions import (
     TaskNotFound,
 )
 from tasks_app.generation.spec import GenerationSpec
-from tasks_app.models import Client, ModelRecord, Response, Task, TaskEvent, TaskSnapshot
+from tasks_app.models import Client, ModelRecord, Response, Task, TaskAttempt, TaskEvent, TaskSnapshot
 from tasks_app.plumbing.querying import status_in
 from tasks_app.states import TaskStatus
 
@@ -402,17 +404,6 @@ def task_output_text_until(*, task_id: str, last_sequence: int) -> str:
     return output_items.shown_text([item.wire("in_progress") for item in items])
 
 
-def task_events_latest(*, task_id: str, last_sequence: int, limit: int) -> list[TaskEvent]:
-    """The newest ``limit`` events up to ``last_sequence``, oldest first."""
-    rows = list(
-        TaskEvent.objects.filter(task_id=task_id, sequence_number__lte=last_sequence).order_by("-sequence_number")[
-            :limit
-        ]
-    )
-    rows.reverse()
-    return rows
-
-
 @dataclass(frozen=True)
 class TaskAdminDetail:
     """What the admin's task page shows beside the row itself.
@@ -423,12 +414,13 @@ class TaskAdminDetail:
 
     text: str
     cursor: int
-    latest_events: list[TaskEvent]
+    lifecycle_events: list[TaskEvent]
+    """The newest events other than output deltas (``task_lifecycle_events``)."""
     snapshot: StoredSnapshot | None
 
 
 def task_admin_detail(*, task: Task, events: int = 20) -> TaskAdminDetail:
-    """Output text, newest events and snapshot of a task whose row (with its response) is loaded."""
+    """Output text, newest lifecycle events and snapshot of a task whose row (with its response) is loaded."""
     cursor = task.last_sequence
     if task.is_terminal:
         # A finished task's response holds its final text, also after its events expired.
@@ -438,6 +430,130 @@ def task_admin_detail(*, task: Task, events: int = 20) -> TaskAdminDetail:
     return TaskAdminDetail(
         text=text,
         cursor=cursor,
-        latest_events=task_events_latest(task_id=task.pk, last_sequence=cursor, limit=events),
+        lifecycle_events=task_lifecycle_events(task_id=task.pk, last_sequence=cursor, limit=events),
         snapshot=task_snapshot_get(task_id=task.pk),
     )
+
+
+# --------------------------------------------------------------------------- #
+# The admin's task page: attempts, timings, lifecycle events
+# --------------------------------------------------------------------------- #
+
+# Events that carry a piece of output: the task page lists the others (the lifecycle) apart from them.
+DELTA_EVENT_TYPES = (EventType.OUTPUT_TEXT_DELTA, EventType.FUNCTION_CALL_ARGUMENTS_DELTA)
+
+
+@dataclass(frozen=True)
+class AttemptRead:
+    """One attempt as the admin shows it: a row of the attempt log, or the open attempt on the task row."""
+
+    number: int
+    worker: str
+    started_at: datetime
+    first_token_at: datetime | None
+    ended_at: datetime | None
+    end: str
+    """``AttemptEnd``'s label, or "running" for the open attempt."""
+    reason: str
+    output_tokens: int
+
+    @property
+    def first_token_ms(self) -> float | None:
+        """From its claim to its first output."""
+        return _ms(self.started_at, self.first_token_at)
+
+    @property
+    def duration_ms(self) -> float | None:
+        return _ms(self.started_at, self.ended_at)
+
+    @property
+    def tokens_per_second(self) -> float | None:
+        """Its output tokens over the time from its first output to its end."""
+        seconds = (_ms(self.first_token_at, self.ended_at) or 0) / 1000
+        return self.output_tokens / seconds if seconds > 0 and self.output_tokens > 1 else None
+
+
+def _ms(start: datetime | None, end: datetime | None) -> float | None:
+    return None if start is None or end is None else (end - start).total_seconds() * 1000
+
+
+def task_attempts(*, task: Task) -> list[AttemptRead]:
+    """Every attempt of ``task``, oldest first: the ended ones (one query) and the open one from its row."""
+    rows = [
+        AttemptRead(
+            row.number,
+            row.worker,
+            row.started_at,
+            row.first_token_at,
+            row.ended_at,
+            row.get_end_display(),
+            row.reason,
+            row.output_tokens,
+        )
+        for row in TaskAttempt.objects.filter(task_id=task.pk).order_by("number")
+    ]
+    if task.status in states.HELD and task.attempt_started_at is not None:
+        rows.append(
+            AttemptRead(
+                task.attempts,
+                task.worker,
+                task.attempt_started_at,
+                task.first_token_at,
+                None,
+                "running" if task.status != TaskStatus.CANCELLING else "cancelling",
+                "",
+                task.output_tokens,
+            )
+        )
+    return rows
+
+
+@dataclass(frozen=True)
+class TaskTimings:
+    """A task's times as its client felt them, from its creation (milliseconds; None: not yet)."""
+
+    queue_wait_ms: float | None
+    """To its first claim."""
+    first_token_ms: float | None
+    """To the first output of the attempt that answered (or runs now)."""
+    generation_ms: float | None
+    """From that first output to the end."""
+    duration_ms: float | None
+    """To its terminal status."""
+    tokens_per_second: float | None
+
+
+def task_timings(*, task: Task, attempts: Sequence[AttemptRead]) -> TaskTimings:
+    last = attempts[-1] if attempts else None
+    first_token = last.first_token_at if last is not None else None
+    generation = _ms(first_token, task.finished_at)
+    tokens = task.output_tokens
+    return TaskTimings(
+        queue_wait_ms=_ms(task.created_at, attempts[0].started_at) if attempts else None,
+        first_token_ms=_ms(task.created_at, first_token),
+        generation_ms=generation,
+        duration_ms=_ms(task.created_at, task.finished_at),
+        tokens_per_second=tokens / (generation / 1000) if generation and tokens > 1 else None,
+    )
+
+
+def task_lifecycle_events(*, task_id: str, last_sequence: int, limit: int) -> list[TaskEvent]:
+    """The newest ``limit`` events up to ``last_sequence`` that are not output deltas, oldest first."""
+    rows = list(
+        TaskEvent.objects.filter(task_id=task_id, sequence_number__lte=last_sequence)
+        .exclude(type__in=DELTA_EVENT_TYPES)
+        .order_by("-sequence_number")[:limit]
+    )
+    rows.reverse()
+    return rows
+
+
+def task_heartbeat_age_seconds(*, task: Task, now: datetime | None = None) -> float | None:
+    """How long ago its worker wrote the heartbeat ``task`` was read with (None: no heartbeat).
+
+    On this process's clock: on PostgreSQL heartbeats carry the database's, which NTP keeps
+    within milliseconds of the web's on a normal install (an age is shown to a tenth of a second).
+    """
+    if task.heartbeat_at is None:
+        return None
+    return max(0.0, ((now or timezone.now()) - task.heartbeat_at).total_seconds())

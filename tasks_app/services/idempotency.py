@@ -122,10 +122,16 @@ def idempotency_claim_if_keyed(
     return idempotency_claim(client=client, endpoint=endpoint, key=key, request_hash=request_hash, settle=settle)
 
 
-def idempotency_complete(*, record: IdempotencyKey, status: int, body: Any, headers: dict[str, str]) -> None:
-    """Store the reply of a claimed key (in the same transaction as the work)."""
+def idempotency_complete(
+    *, record: IdempotencyKey, status: int, body: Any, headers: dict[str, str], task_id: str | None = None
+) -> None:
+    """Store the reply of a claimed key (in the same transaction as the work), and the task it made, if any."""
     record.state = IdempotencyState.COMPLETED
     record.response_status = status
     record.response_body = body
     record.response_headers = headers
-    record.save(update_fields=["state", "response_status", "response_body", "response_headers"])
+    fields = ["state", "response_status", "response_body", "response_headers"]
+    if task_id is not None:
+        record.task_id = task_id
+        fields.append("task")
+    record.save(update_fields=fields)

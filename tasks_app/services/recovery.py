@@ -57,14 +57,14 @@ from django.utils import timezone
 from tasks_app import states
 from tasks_app.core import lifecycle
 from tasks_app.core.lifecycle import RecoveryMove
-from tasks_app.exceptions import DatabaseBusy, ServerRestarted
+from tasks_app.exceptions import DatabaseBusy, ServerRestarted, TaskNotHandedBack
 from tasks_app.metrics.counters import recovery_error_count
 from tasks_app.models import Task
 from tasks_app.plumbing import broker
 from tasks_app.plumbing.db_locks import is_database_unavailable, lock_wait, stale_before
 from tasks_app.plumbing.querying import status_in
 from tasks_app.services.dispatch import task_dispatch
-from tasks_app.states import RestartPolicy, TaskStatus
+from tasks_app.states import AttemptEnd, RestartPolicy, TaskStatus
 
 logger = logging.getLogger(__name__)
 
@@ -183,7 +183,17 @@ def _problem(found: str, reason: str, *, attempts_left: bool, max_attempts: int)
     return ServerRestarted(detail).to_problem()
 
 
-def _plan(row: dict[str, Any], *, reason: str) -> RecoveryMove | None:
+# How an attempt that each kind of recovery lets go of ended (its row in the attempt log).
+_ATTEMPT_END: dict[str, AttemptEnd] = {
+    "startup": AttemptEnd.RECOVERED,
+    "pool_process_lost": AttemptEnd.WORKER_DIED,
+    "hand_back": AttemptEnd.HANDED_BACK,
+    "reaper": AttemptEnd.REAPED,
+    "operator": AttemptEnd.OPERATOR,
+}
+
+
+def _plan(row: dict[str, Any], *, reason: str, source: str = "startup") -> RecoveryMove | None:
     """The table's move for one task (None: already waiting to be adopted, only send it again)."""
     found = TaskStatus(row["status"])
     target = states.recovery_target(found, RestartPolicy(row["on_restart"]))
@@ -197,7 +207,8 @@ def _plan(row: dict[str, Any], *, reason: str) -> RecoveryMove | None:
     error = None
     if target == S.FAILED:
         error = _problem(str(found), reason, attempts_left=attempts_left, max_attempts=settings.LMSP_MAX_ATTEMPTS)
-    return RecoveryMove(row["id"], found, target, row["worker"], row["heartbeat_at"], error)
+    end = _ATTEMPT_END[source]
+    return RecoveryMove(row["id"], found, target, row["worker"], row["heartbeat_at"], error, end, reason)
 
 
 def _recover_page(
@@ -217,7 +228,7 @@ def _recover_page(
     """
     moves = []
     for row in rows:
-        move = _plan(row, reason=reason(row))
+        move = _plan(row, reason=reason(row), source=source)
         if move is None:
             summary.add(WAITING, row["id"])
             summary.to_dispatch.append(row["id"])
@@ -450,3 +461,40 @@ def _log(summary: RecoverySummary, what: str) -> None:
     counts = ", ".join(line for line in summary.lines() if not line.endswith(": 0"))
     more = f" and {len(moved) - 10} more" if len(moved) > 10 else ""
     logger.log(level, "%s: %s (%s%s)", what, counts, ", ".join(moved[:10]), more)
+
+
+def stuck_task_hand_back(*, task_id: str, operator: str) -> RecoverySummary:
+    """An operator hands back now a held task whose worker is silent, instead of waiting for the reaper.
+
+    Refused (``TaskNotHandedBack``, saying why) unless the task is held and its
+    heartbeat is older than ``LMSP_HEARTBEAT_SILENT_SECONDS``, and its worker's
+    node, asked over the broker, does not say it runs the task (a frozen or
+    dead node says nothing). The move is the reaper's: chapter 11.3's cell by
+    the task's policy, a compare-and-set on the status, worker and heartbeat
+    read here, so a worker that wakes up and writes a heartbeat in between
+    keeps its task.
+    """
+    row = Task.objects.filter(pk=task_id).values(*_FIELDS).first()
+    if row is None:
+        raise TaskNotHandedBack(f"task {task_id} does not exist")
+    worker = row["worker"]
+    if row["status"] not in states.HELD or not worker:
+        raise TaskNotHandedBack(
+            f"task {task_id} is {row['status']} and no worker holds it: there is nothing to hand back"
+        )
+    silent_after = settings.LMSP_HEARTBEAT_SILENT_SECONDS
+    if not Task.objects.filter(pk=task_id, heartbeat_at__lt=stale_before(silent_after)).exists():
+        raise TaskNotHandedBack(
+            f"its worker {worker} wrote a heartbeat less than {silent_after} s ago: it is alive, and keeps the task"
+        )
+    live = live_workers_inspect()
+    if task_id in live.task_ids or live.may_hold(worker):
+        raise TaskNotHandedBack(f"its worker's node {worker.rpartition('/')[0]} answers that it still runs the task")
+    reason = f"an operator ({operator}) handed it back, its worker {worker} silent for over {silent_after} s"
+    summary = RecoverySummary()
+    _recover_page([row], reason=lambda row: reason, summary=summary, source="operator")
+    if not summary.moved:
+        raise TaskNotHandedBack(f"task {task_id} moved on meanwhile (its worker wrote a heartbeat, or it ended)")
+    _dispatch(summary, budget_seconds=settings.LMSP_RECOVER_DISPATCH_SECONDS)
+    _log(summary, f"hand-back by {operator}")
+    return summary

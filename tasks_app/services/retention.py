@@ -50,6 +50,7 @@ from tasks_app.models import (
 )
 from tasks_app.plumbing.db_locks import busy_as_unavailable, lock_wait
 from tasks_app.plumbing.querying import status_in
+from tasks_app.services.workers import worker_nodes_forget
 
 logger = logging.getLogger(__name__)
 
@@ -143,6 +144,8 @@ def retention_cleanup(*, now: datetime | None = None, batch_size: int | None = N
                 delete=lambda pks: WebhookDelivery.objects.filter(ended, pk__in=pks).delete()[0],
                 size=size,
             )
+            # A handful of rows, one per node: the admin's workers page forgets a node gone this long.
+            worker_nodes_forget(before=now - timedelta(seconds=settings.LMSP_WORKER_NODE_RETENTION_SECONDS))
     except DatabaseBusy:
         logger.warning("retention cleanup: the database is locked by another writer; the rest waits for next round")
     summary = CleanupSummary(

@@ -21,6 +21,7 @@ from tasks_app.exceptions import (
     ResponseNotFinished,
     ResponseNotFound,
     TaskNotCancelable,
+    TaskNotRerunnable,
     UnsupportedCapability,
     UnsupportedParameter,
 )
@@ -174,7 +175,9 @@ def task_create(
         task = accepted.task
         reply = Reply(202, task_object(task, accepted.queue_position), {"Location": task_location(task.id)})
         if claim is not None:
-            idempotency_complete(record=claim.record, status=reply.status, body=reply.body, headers=reply.headers)
+            idempotency_complete(
+                record=claim.record, status=reply.status, body=reply.body, headers=reply.headers, task_id=task.id
+            )
     return reply
 
 
@@ -214,3 +217,32 @@ def task_cancel(*, task: Task) -> Task:
     # Five lost races in a row means the task moves faster than we read it;
     # what we report is still a state it really had.
     return current
+
+
+def task_rerun(*, task: Task) -> Task:
+    """A new queued task from ``task``'s request (the same client, generation spec, protocol and policy),
+    linked to it by ``rerun_of``, dispatched once it commits; ``task`` stays as it is.
+
+    Only a failed or cancelled task (``TaskNotRerunnable`` otherwise), on a model that is still
+    registered (``ModelNotFound``); the caller audits it.
+    """
+    if task.status not in states.RERUNNABLE:
+        raise TaskNotRerunnable(f"task {task.id} is {task.status}: only a failed or cancelled task runs again")
+    response = task.response
+    if response.generation is None:
+        raise TaskNotRerunnable(f"task {task.id} was stored without a generation spec; send its request again")
+    model = model_get_by_name(response.model)
+    with transaction.atomic():
+        rerun = lifecycle.task_insert(
+            client=task.client,
+            request=response.request,
+            generation=response.generation,
+            model=model.name,
+            on_restart=RestartPolicy(task.on_restart),
+            metadata=response.metadata,
+            notify_webhooks=task.notify_webhooks,
+            protocol=Protocol(response.protocol),
+            rerun_of=task,
+        )
+        task_dispatch_on_commit(task_id=rerun.id)
+    return rerun

@@ -148,6 +148,8 @@ class Expected:
         self.status, self.worker, self.beat = S.QUEUED, "", Beat.NONE
         self.item_id, self.text, self.snapshots = None, "", 0
         self.response_status = RS.QUEUED
+        # The log says the attempt's output is dropped: a rerun's events rebuild it.
+        self.events.append("response.queued")
 
     def let_go(self) -> None:
         """Recovery keeps it running without a worker, for another to adopt and resume."""

@@ -13,10 +13,45 @@
  * the page closes the stream (a reconnect would get 204, which also ends it)
  * and reloads itself once, so that the fields below (status, tokens, worker,
  * error, newest events) say what the header says; a finished task's page
- * opens no stream, so there is no second reload.
+ * opens no stream, so there is no second reload. A response.queued (the task
+ * was handed back and waits for a rerun) empties the text and reloads too.
+ * Beside the stream, the page polls the task's heartbeat age while a worker
+ * holds it (liveness/), and says so when the worker went silent.
  */
 (function () {
   "use strict";
+
+  // While a worker holds the task: its heartbeat's age, every 2 s, and a warning once it is silent
+  // (a frozen worker keeps the event stream open, so the stream alone cannot tell).
+  var summary = document.getElementById("lmsp-summary");
+  if (summary && summary.dataset.livenessUrl && window.fetch) {
+    var beatEl = document.getElementById("lmsp-heartbeat");
+    var silentNote = document.getElementById("lmsp-silent-note");
+    var silentAge = document.getElementById("lmsp-silent-age");
+    var poll = function () {
+      window.fetch(summary.dataset.livenessUrl, { credentials: "same-origin" })
+        .then(function (reply) { return reply.ok ? reply.json() : null; })
+        .then(function (live) {
+          if (!live) {
+            return;
+          }
+          if (!live.held) {
+            beatEl.textContent = "-";
+            beatEl.className = "";
+            silentNote.hidden = true;
+            return;
+          }
+          beatEl.textContent = live.heartbeat_age === null ? "none yet" : live.heartbeat_age.toFixed(1) + " s ago";
+          beatEl.className = live.silent ? "lmsp-status lmsp-status-silent" : "";
+          silentNote.hidden = !live.silent;
+          if (live.silent) {
+            silentAge.textContent = String(Math.round(live.heartbeat_age));
+          }
+        })
+        .catch(function () {});
+    };
+    window.setInterval(poll, 2000);
+  }
 
   var pane = document.getElementById("lmsp-output");
   var textEl = document.getElementById("lmsp-live-text");
@@ -34,7 +69,7 @@
   var statusEl = document.getElementById("lmsp-live-status");
   var responseStatusEl = document.getElementById("lmsp-response-status");
   var noteEl = document.getElementById("lmsp-live-note");
-  var cancelForm = document.getElementById("lmsp-cancel-form");
+  var cancelLink = document.getElementById("lmsp-cancel");
   var newest = parseInt(pane.dataset.cursor, 10);
 
   // Response event -> [task status, response status].
@@ -149,6 +184,22 @@
     }
   });
 
+  // A requeue (the reaper, a worker's or an operator's hand-back): the attempt's output is dropped, and
+  // the page reloads so that its attempts table shows the attempt that ended and why.
+  source.addEventListener("response.queued", function (event) {
+    if (!fresh(event)) {
+      return;
+    }
+    pending = [];
+    textEl.textContent = "";
+    shown(newest);
+    statusEl.textContent = "queued";
+    statusEl.dataset.status = "queued";
+    source.close();
+    note("queued again; reloading the page");
+    window.location.reload();
+  });
+
   Object.keys(STATUS).forEach(function (type) {
     source.addEventListener(type, function (event) {
       if (!fresh(event)) {
@@ -164,8 +215,8 @@
       if (type !== "response.in_progress") {
         source.close();
         note("finished; reloading the page");
-        if (cancelForm) {
-          cancelForm.hidden = true;
+        if (cancelLink) {
+          cancelLink.hidden = true;
         }
         window.location.reload();
       }

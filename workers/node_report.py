@@ -1,0 +1,140 @@
+"""A worker node's report of itself, for the admin's workers page (``tasks_app.services.workers``).
+
+Once the node is ready, a thread of its main process writes its row every
+``LMSP_WORKER_REPORT_SECONDS``: its process, pool and version, the models
+its engine process has loaded and on which execution provider, and each
+engine's rows, waiting rows and tokens/s (``workers.run_metrics``). The
+report is what stops when the node is frozen (SIGSTOP), cut off from the
+database or killed, so the page shows it silent within
+``LMSP_WORKER_SILENT_SECONDS``, long before the reaper's heartbeat timeout.
+A stop says ``draining`` at once and ``stopped`` at exit.
+
+Only task workers report (not the maintenance node). A prefork node's
+engines live in its pool processes, which this thread cannot see: it
+reports none. The model thread never waits on this: the thread only reads
+numbers the engines keep in memory.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+from datetime import datetime
+from typing import Any
+
+from celery.signals import celeryd_after_setup, worker_ready, worker_shutdown, worker_shutting_down
+from django.conf import settings
+from django.db import connection
+from django.utils import timezone
+
+from tasks_app.metrics.store import RateLimitedWarning
+from tasks_app.models import WorkerNodeState
+
+logger = logging.getLogger(__name__)
+_warning = RateLimitedWarning(logger)
+
+_node = ""
+_pool = ""
+_concurrency = 1
+_started_at: datetime | None = None
+_state = WorkerNodeState.ONLINE
+_wake = threading.Event()
+_stopped = threading.Event()
+_report_lock = threading.Lock()
+
+
+@celeryd_after_setup.connect
+def _remember_node(sender: str, instance: Any, **kwargs: object) -> None:
+    global _node, _pool, _concurrency, _started_at
+    if settings.LMSP_TASK_QUEUE not in instance.app.amqp.queues.consume_from:
+        return  # the maintenance node runs no task
+    pool = str(getattr(instance, "pool_cls", "")).lower()
+    _node, _started_at = sender, timezone.now()
+    _pool = next((name for name in ("threads", "prefork", "solo", "gevent", "eventlet") if name[:4] in pool), pool)
+    _concurrency = int(getattr(instance, "concurrency", 1) or 1)
+
+
+@worker_ready.connect
+def _start(**kwargs: object) -> None:
+    if _node:
+        threading.Thread(target=_keep_reporting, name="lmsp-node-report", daemon=True).start()
+
+
+@worker_shutting_down.connect
+def _draining(**kwargs: object) -> None:
+    """Runs inside the stop's signal handler: it only flags the thread, which reports at once."""
+    global _state
+    _state = WorkerNodeState.DRAINING
+    _wake.set()
+
+
+@worker_shutdown.connect
+def _stop(**kwargs: object) -> None:
+    global _state
+    if not _node:
+        return
+    _state = WorkerNodeState.STOPPED
+    _stopped.set()
+    _wake.set()
+    _report()
+
+
+def _engines() -> list[dict[str, Any]]:
+    if _pool != "threads":
+        return []
+    # Imported here: the main process of a prefork node never loads the engines' modules.
+    from workers.model_cache import model_cache
+    from workers.run_metrics import recorder
+
+    devices = model_cache().loaded()
+    readings = {str(reading["model"]): reading for reading in recorder().engine_readings()}
+    return [
+        {
+            "model": model,
+            "device": devices.get(model, ""),
+            "rows": int(readings.get(model, {}).get("rows", 0)),
+            "waiting": int(readings.get(model, {}).get("waiting", 0)),
+            "tokens_per_s": float(readings.get(model, {}).get("tokens_per_s", 0.0)),
+        }
+        for model in sorted(set(devices) | set(readings))
+    ]
+
+
+def _max_rows() -> int:
+    if _pool != "threads":
+        return _concurrency  # one row per pool process
+    from workers.engines import max_rows
+
+    return max_rows()
+
+
+def _report() -> None:
+    from tasks_app.services.workers import worker_node_report
+
+    with _report_lock:
+        try:
+            worker_node_report(
+                name=_node,
+                hostname=socket.gethostname(),
+                pid=os.getpid(),
+                pool=_pool,
+                state=_state,
+                started_at=_started_at or timezone.now(),
+                max_rows=_max_rows(),
+                engines=_engines(),
+            )
+        except Exception as exc:  # a report lost to an outage is written again next round; the node goes on
+            _warning("worker node %s: report not written: %s", _node, exc)
+            connection.close()
+
+
+def _keep_reporting() -> None:
+    try:
+        while not _stopped.is_set():
+            _report()
+            _wake.wait(settings.LMSP_WORKER_REPORT_SECONDS)
+            _wake.clear()
+    finally:
+        connection.close()
