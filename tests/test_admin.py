@@ -618,8 +618,9 @@ def test_cancel_asks_first_on_a_get_and_an_unknown_task_is_no_error(admin_client
     assert any(unknown in message and "exist" in message for message in messages_of(missing))
 
 
-def test_a_staff_user_who_may_only_view_tasks_cannot_cancel(new_task):
+def test_a_staff_user_who_may_only_view_tasks_cannot_cancel_run_again_or_hand_back(new_task):
     task = new_task(S.QUEUED)
+    failed, running = new_task(S.FAILED), new_task(S.RUNNING)
     viewer = User.objects.create_user("viewer", password="pw", is_staff=True)
     viewer.user_permissions.add(Permission.objects.get(codename="view_task"))
     browser = Browser()
@@ -630,8 +631,16 @@ def test_a_staff_user_who_may_only_view_tasks_cannot_cancel(new_task):
     assert "cancel_tasks" not in page_text(listing)
     assert 'id="lmsp-cancel"' not in page_text(browser.get(task_url(task.id)))
     assert browser.post(task_url(task.id, "cancel")).status_code == 403
-    browser.post(TASKS, {"action": "cancel_tasks", "_selected_action": [task.id]})
+    browser.post(TASKS, {"action": "cancel_tasks", "_selected_action": [task.id], "confirmed": "yes"})
     assert Task.objects.get(pk=task.id).status == S.QUEUED
+    # Seen, with no button, and refused if asked for anyway.
+    assert 'id="lmsp-rerun"' not in page_text(browser.get(task_url(failed.id)))
+    assert 'id="lmsp-hand-back"' not in page_text(browser.get(task_url(running.id)))
+    for url in (task_url(failed.id, "rerun"), task_url(running.id, "hand-back"), task_url(running.id, "cancel")):
+        assert browser.get(url).status_code == 403
+        assert browser.post(url).status_code == 403
+    assert not Task.objects.filter(rerun_of_id=failed.id).exists()
+    assert Task.objects.get(pk=running.id).status == S.RUNNING
 
 
 def test_logged_out_and_non_staff_users_get_nothing(new_task):

@@ -27,6 +27,8 @@ from django.conf import settings as django_settings
 from django.contrib.admin.models import LogEntry
 from django.contrib.auth.models import User
 
+from tasks_app.core import lifecycle
+from tasks_app.exceptions import ModelLoadFailed
 from tasks_app.models import Task, TaskAttempt, TaskEvent, WorkerNode
 from tasks_app.services.dispatch import task_dispatch
 from tasks_app.services.recovery import abandoned_tasks_reap
@@ -34,6 +36,7 @@ from tasks_app.states import AttemptEnd, TaskStatus
 from tests.conftest import WORKER_QUEUE, shared_worker
 from tests.support.browser import assert_static_served, login
 from tests.support.demo import ENDLESS_MODEL
+from tests.support.specs import spec_json
 from tests.support.tasks import create, wait_for_status
 from tests.support.waiting import wait_until
 from tests.support.worker import WorkerProcess, process_stopped
@@ -117,7 +120,8 @@ def screenshot(tab, name: str) -> None:
     folder = os.environ.get("LMSP_ADMIN_SCREENSHOTS")
     if folder:
         Path(folder).mkdir(parents=True, exist_ok=True)
-        tab.screenshot(path=str(Path(folder) / f"{name}.png"), full_page=False)
+        # JPEG at 70: the pages are text on flat colours, a tenth of the PNG's bytes, kept in docs/.
+        tab.screenshot(path=str(Path(folder) / f"{name}.jpg"), type="jpeg", quality=70, full_page=False)
 
 
 def attempt_rows(tab) -> list[list[str]]:
@@ -170,6 +174,7 @@ def test_a_frozen_worker_shows_stuck_and_an_operator_hands_its_task_back_then_ru
     page.goto(f"{web_server.base}{detail}")
     page.wait_for_selector("#lmsp-silent-note", state="visible")
     assert "no heartbeat" in page.inner_text("#lmsp-silent-note")
+    screenshot(page, "task-silent")
     # All of it before the reaper would have acted.
     assert time.monotonic() - frozen_at < django_settings.LMSP_HEARTBEAT_TIMEOUT_SECONDS
     assert Task.objects.get(pk=task["id"]).status == TaskStatus.RUNNING
@@ -203,14 +208,18 @@ def test_a_frozen_worker_shows_stuck_and_an_operator_hands_its_task_back_then_ru
     assert page.problems == []
 
 
-def test_cancel_asks_first_and_the_list_at_1280_px_shows_status_and_error(
-    api,
-    running_worker,
-    web_server,
-    page,
-    settings,
-):
+@pytest.mark.usefixtures("running_worker")
+def test_cancel_asks_first_and_the_list_at_1280_px_shows_status_and_error(api, make_client, web_server, page):
     User.objects.create_superuser(OPERATOR, "ops@example.org", "an operator password")
+    # A failed task beside it in the list (failed as a worker fails one whose model no longer loads).
+    failed = lifecycle.task_insert(
+        client=make_client("failing")[0],
+        request={"model": "demo", "input": "Hi"},
+        generation=spec_json({"model": "demo", "input": "Hi"}),
+        model="demo",
+    )
+    problem = ModelLoadFailed("the model's files were removed while it was queued").to_problem()
+    assert lifecycle.task_fail(task_id=failed.id, error=problem).won
     page.set_viewport_size({"width": WIDTH, "height": 900})
     running = create(api, "Tell me a long story", model=ENDLESS_MODEL, max_output_tokens=8000, seed=4)
     wait_for_status(api, running["id"], {"running"})
@@ -233,9 +242,12 @@ def test_cancel_asks_first_and_the_list_at_1280_px_shows_status_and_error(
     for column in ("id", "status_column", "error_column", "worker_column", "duration_column", "created_column"):
         box = page.locator(f"th.column-{column}").bounding_box()
         assert box is not None and box["x"] + box["width"] <= shown["x"] + shown["width"], (column, box, shown)
-    status = page.locator(f"tr:has(a:text-is('{running['id']}')) td.field-status_column")
-    assert status.inner_text() == "cancelled"
-    assert status.evaluate("cell => cell.scrollWidth <= cell.clientWidth")
+    for task_id, status, error in ((running["id"], "cancelled", "-"), (failed.id, "failed", "model_load_failed")):
+        row = page.locator(f"tr:has(a:text-is('{task_id}'))")
+        assert row.locator("td.field-status_column").inner_text() == status
+        assert row.locator("td.field-error_column").inner_text() == error
+        for cell in ("status_column", "error_column"):
+            assert row.locator(f"td.field-{cell}").evaluate("cell => cell.scrollWidth <= cell.clientWidth")
     screenshot(page, "tasks")
     assert page.problems == []
 

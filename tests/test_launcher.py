@@ -405,6 +405,9 @@ def test_quickstart_serves_a_task_and_ctrl_c_stops_everything_with_its_own_redis
     assert_one_line_per_interrupted_task(launcher, long_task, "on_restart=fail: it failed (server_restarted)")
 
 
+# Signals and processes, which no database changes (the quick start on PostgreSQL: the Ctrl-C test; the
+# rerun at the next start is recovery's, tested on both): the SQLite pass only.
+@pytest.mark.sqlite_pass
 def test_quickstart_stops_on_sigterm_and_the_next_start_reruns_the_interrupted_task(launcher: Launcher):
     redis_port = _redis_port(launcher.env["REDIS_URL"])
     launcher.env.update(SLOW_DEVICE)
@@ -484,6 +487,9 @@ def another_shell_env(data_dir: Path) -> dict[str, str]:
     return env
 
 
+# Signals and processes, which no database changes (the quick start on PostgreSQL: the Ctrl-C test; the
+# rerun at the next start is recovery's, tested on both): the SQLite pass only.
+@pytest.mark.sqlite_pass
 def test_a_background_quickstart_stops_on_sigint_by_pid_and_manage_py_elsewhere_uses_its_settings(
     launcher: Launcher,
 ):

@@ -22,8 +22,8 @@ from typing import Any
 import jsonschema
 import pytest
 
-from tasks_app.models import Response, Task, TaskEvent, TaskSnapshot
-from tasks_app.states import RestartPolicy, TaskStatus
+from tasks_app.models import Response, Task, TaskAttempt, TaskEvent, TaskSnapshot
+from tasks_app.states import AttemptEnd, RestartPolicy, TaskStatus
 from tests.support.demo import ENDLESS_MODEL
 from tests.support.lab import Lab
 from tests.support.server import REPO, uvicorn_process
@@ -139,8 +139,13 @@ def test_loading_tasks_killed_while_loading_fail_or_run_again(lab: Lab):
     assert types(ids["fail"]) == ["response.created", "response.failed"]
     for policy in ("retry", "resume"):
         assert lab.task(ids[policy])["status"] == "queued"
-        assert types(ids[policy]) == ["response.created"]
+        # The requeue says so, with the response emptied (docs/recovery.md).
+        assert types(ids[policy]) == ["response.created", "response.queued"]
+        assert events(ids[policy])[-1]["response"]["status"] == "queued"
         assert Task.objects.get(pk=ids[policy]).worker == ""
+        [attempt] = TaskAttempt.objects.filter(task_id=ids[policy])
+        assert (attempt.number, attempt.end) == (1, AttemptEnd.RECOVERED)
+        assert attempt.reason == "the service restarted"
 
     with lab.worker("after-loading") as worker:
         for policy in ("retry", "resume"):
@@ -184,10 +189,16 @@ def test_running_and_cancelling_tasks_killed_mid_generation(lab: Lab):
         assert lab.task(task_id)["status"] == "cancelled"
         assert events(task_id)[:-1] == before[task_id]
         assert events(task_id)[-1]["type"] == "response.cancelled"
-    # retry: queued, no event; resume: still running, no event, no worker.
+    # retry: queued, with response.queued (its output emptied); resume: still running, no event, no worker.
     retry_id, resume_id = running["retry"], running["resume"]
     assert lab.task(retry_id)["status"] == "queued"
-    assert events(retry_id) == before[retry_id]
+    assert events(retry_id)[:-1] == before[retry_id]
+    queued = events(retry_id)[-1]
+    assert (queued["type"], queued["response"]["status"], queued["response"]["output"]) == (
+        "response.queued",
+        "queued",
+        [],
+    )
     assert not TaskSnapshot.objects.filter(task_id=retry_id).exists()
     assert lab.task(resume_id)["status"] == "running"
     assert events(resume_id) == before[resume_id]

@@ -387,7 +387,8 @@ def database_sessions() -> set[int]:
 @pytest.mark.slow
 def test_a_recovery_killed_mid_run_leaves_each_task_moved_with_its_event_or_untouched(held, queue):
     """A page of tasks moves in one transaction: killed inside its second page, the first page stays
-    moved (each task with its one terminal event), every other task untouched; a rerun finishes."""
+    moved (each task with its one event: terminal, or response.queued for a rerun), every other task untouched;
+    a rerun finishes."""
     policies = [RestartPolicy.FAIL, RestartPolicy.RETRY, RestartPolicy.RESUME]
     ids = sorted(held(found, policy) for found in (S.QUEUED, S.LOADING, S.RUNNING, S.CANCELLING) for policy in policies)
     row = ("status", "worker", "last_sequence", "updated_at")
@@ -437,7 +438,9 @@ def test_a_recovery_killed_mid_run_leaves_each_task_moved_with_its_event_or_unto
             assert new["status"] == target, task_id
             if target in states.RUNS_AGAIN:
                 assert new["worker"] == "", task_id
-            assert added == ([f"response.{target}"] if target in states.TERMINAL else []), task_id
+            # A terminal move writes its terminal event; a requeue its response.queued; a resume none.
+            expected = [f"response.{target}"] if target in states.TERMINAL or target == S.QUEUED else []
+            assert added == expected, task_id
         else:
             assert {name: new[name] for name in row} == {name: old[name] for name in row}, task_id
             assert added == [], task_id
