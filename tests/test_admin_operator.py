@@ -26,10 +26,13 @@ import pytest
 from django.conf import settings as django_settings
 from django.contrib.admin.models import LogEntry
 from django.contrib.auth.models import User
+from django.db import DatabaseError, transaction
+from django.db.models import F
 
 from tasks_app.core import lifecycle
-from tasks_app.exceptions import ModelLoadFailed
+from tasks_app.exceptions import DatabaseBusy, ModelLoadFailed
 from tasks_app.models import Task, TaskAttempt, TaskEvent, WorkerNode
+from tasks_app.plumbing.db_locks import lock_wait
 from tasks_app.services.dispatch import task_dispatch
 from tasks_app.services.recovery import abandoned_tasks_reap
 from tasks_app.states import AttemptEnd, TaskStatus
@@ -79,9 +82,29 @@ def freezable_worker(django_db_setup, django_db_blocker, worker_models_root: Pat
                 os.killpg(worker.proc.pid, signal.SIGCONT)
 
 
-def freeze(worker: WorkerProcess) -> None:
-    os.killpg(worker.proc.pid, signal.SIGSTOP)
-    wait_until(lambda: process_stopped(worker.proc.pid), what="the worker did not stop")
+def freeze(worker: WorkerProcess, task_id: str) -> None:
+    """Stop the worker between two of its commits: stopped inside one, it would hold the task's row lock
+    (SQLite: the database's write lock) until it thaws, and neither the reaper nor an operator could move
+    its task (tests/test_lock_contention.py is about that case). Stopped again until the row is free."""
+    for _ in range(100):
+        os.killpg(worker.proc.pid, signal.SIGSTOP)
+        wait_until(lambda: process_stopped(worker.proc.pid), what="the worker did not stop")
+        if row_free(task_id):
+            return
+        thaw(worker)
+        time.sleep(0.05)
+    raise AssertionError(f"the worker was inside a commit at each of 100 stops:\n{worker.log()[-3000:]}")
+
+
+def row_free(task_id: str) -> bool:
+    """Whether this process can take the task row's write lock at once (a no-op UPDATE, rolled back)."""
+    try:
+        with lock_wait(0.3), transaction.atomic():
+            Task.objects.filter(pk=task_id).update(status=F("status"))
+            transaction.set_rollback(True)
+    except (DatabaseError, DatabaseBusy):
+        return False
+    return True
 
 
 def thaw(worker: WorkerProcess) -> None:
@@ -159,7 +182,7 @@ def test_a_frozen_worker_shows_stuck_and_an_operator_hands_its_task_back_then_ru
     assert "it is alive" in page.inner_text(".messagelist")
     assert Task.objects.get(pk=task["id"]).status == TaskStatus.RUNNING
 
-    freeze(freezable_worker)
+    freeze(freezable_worker, task["id"])
     frozen_at = time.monotonic()
     # The workers page: the node silent, its task counted stuck.
     page.goto(f"{web_server.base}/admin/tasks_app/workernode/")
@@ -271,7 +294,7 @@ def test_a_reaped_and_a_handed_back_task_show_both_attempts_with_their_reasons(
     # Reaped: its worker frozen, the reaper (the maintenance task's service) finds its heartbeat stale.
     reaped = on_queue(settings, freezable_worker.queue, lambda: retry_task("Tell me a story"))
     wait_for_status(api, reaped, {"running"})
-    freeze(freezable_worker)
+    freeze(freezable_worker, reaped)
     wait_until(
         lambda: abandoned_tasks_reap(timeout_seconds=2).counts["queued"] == 1,
         what="the reaper never found the frozen worker's task",

@@ -52,11 +52,12 @@ TOOL_PROMPT = "Read the note."
 LONG_MODEL = "demo-64k"
 NOTE = "The note says: claude-round-trip-42.\n"
 
-# Once per scripts/test run (the SQLite pass): what it checks is Claude Code's own requests against the
-# adapter, which writes through the same services on either database; tests/test_anthropic_messages.py runs
-# the adapter on both. Each Claude Code prompt prefills 28-53k tokens: twice would cost CI minutes.
+# Once per scripts/test run, in the PostgreSQL pass where there is one (the lighter of the two since the
+# client protocols' files run in the SQLite pass only): what it checks is Claude Code's own requests against
+# the adapter, which writes through the same services on either database. Each Claude Code prompt prefills
+# 28-53k tokens: twice would cost CI minutes.
 pytestmark = [
-    pytest.mark.sqlite_pass,
+    pytest.mark.postgres_pass,
     pytest.mark.skipif(
         not CLAUDE.exists(),
         reason="Claude Code is not installed: run scripts/bootstrap-js (`npm ci` in tests/clients/js; needs npm)",

@@ -19,7 +19,9 @@ from tests.support.server import uvicorn_server
 from tests.support.sse import open_stream
 from tests.support.waiting import wait_until
 
-pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+# The HTTP server's own behaviour (sockets, keep-alive, limits), which no database changes: the SQLite
+# pass only (pyproject.toml, the sqlite_pass marker).
+pytestmark = [pytest.mark.sqlite_pass, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 
 @pytest.fixture

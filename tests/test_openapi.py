@@ -41,6 +41,10 @@ from tests.support.tasks import wait_for_status
 from tests.support.waiting import wait_until
 from tests.support.webhooks import receiving
 
+# The schema and its answers at the HTTP edge (schemathesis checks them against PostgreSQL): the SQLite
+# pass only (pyproject.toml, the sqlite_pass marker).
+pytestmark = pytest.mark.sqlite_pass
+
 API = "/lmsp/v1/"
 # Ollama's native API (docs/ollama.md), beside /lmsp/v1: its clients take a bare host.
 OLLAMA = "/api/"

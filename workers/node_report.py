@@ -31,6 +31,7 @@ from django.utils import timezone
 
 from tasks_app.metrics.store import RateLimitedWarning
 from tasks_app.models import WorkerNodeState
+from tasks_app.plumbing.database_outages import database_outage
 
 logger = logging.getLogger(__name__)
 _warning = RateLimitedWarning(logger)
@@ -113,6 +114,11 @@ def _max_rows() -> int:
 def _report() -> None:
     from tasks_app.services.workers import worker_node_report
 
+    if database_outage() is not None and _state != WorkerNodeState.STOPPED:
+        # The commits' retries find the end of an outage: a report that reached the database on a connection
+        # of its own would end this process's outage early, and the next failure start another (one line
+        # per outage: docs/recovery.md). A silent node during an outage is what the page should show.
+        return
     with _report_lock:
         try:
             worker_node_report(

@@ -492,7 +492,12 @@ def stuck_task_hand_back(*, task_id: str, operator: str) -> RecoverySummary:
         raise TaskNotHandedBack(f"its worker's node {worker.rpartition('/')[0]} answers that it still runs the task")
     reason = f"an operator ({operator}) handed it back, its worker {worker} silent for over {silent_after} s"
     summary = RecoverySummary()
-    _recover_page([row], reason=lambda row: reason, summary=summary, source="operator")
+    granted = _recover_page([row], reason=lambda row: reason, summary=summary, source="operator")
+    if not granted or summary.counts[BUSY]:
+        raise TaskNotHandedBack(
+            "its row is locked by another writer (on SQLite the whole database is: a worker frozen inside its "
+            "commit holds the lock until it thaws or dies); try again in a moment"
+        )
     if not summary.moved:
         raise TaskNotHandedBack(f"task {task_id} moved on meanwhile (its worker wrote a heartbeat, or it ended)")
     _dispatch(summary, budget_seconds=settings.LMSP_RECOVER_DISPATCH_SECONDS)
