@@ -133,6 +133,9 @@ def _report() -> None:
             )
         except Exception as exc:  # a report lost to an outage is written again next round; the node goes on
             _warning("worker node %s: report not written: %s", _node, exc)
+        finally:
+            # A connection of its own for each report: one kept across an outage it sat out would fail at
+            # its first use after the end, and start a second outage in the log (docs/recovery.md).
             connection.close()
 
 
