@@ -22,8 +22,6 @@ from datetime import timedelta
 
 from scratch import django_in_scratch
 
-from tests.support.specs import spec_json
-
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -51,6 +49,7 @@ def main() -> None:
     from tasks_app.services.clients import client_create
     from tasks_app.services.workers import worker_node_report
     from tasks_app.states import AttemptEnd, ResponseStatus, TaskStatus
+    from tests.support.specs import spec_json
 
     S = TaskStatus
     clients = [client_create(name=f"bench-{n}", scopes="responses,read")[0] for n in range(10)]

@@ -365,7 +365,8 @@ LMSP_REAP_INTERVAL_SECONDS = _env_int("LMSP_REAP_INTERVAL_SECONDS", 15)
 # least every LMSP_HEARTBEAT_SECONDS): an operator sees a frozen worker long before the reaper acts.
 LMSP_HEARTBEAT_SILENT_SECONDS = _env_int("LMSP_HEARTBEAT_SILENT_SECONDS", 2 * LMSP_HEARTBEAT_SECONDS)
 # Every worker node reports itself (process, version, models and devices, rows, tokens/s) this often,
-# for the admin's workers page; a node whose report is older than LMSP_WORKER_SILENT_SECONDS is silent.
+# for the admin's workers page; a node whose report is older than LMSP_WORKER_SILENT_SECONDS is silent
+# (0: the node does not report itself, and the page does not list it).
 LMSP_WORKER_REPORT_SECONDS = _env_float("LMSP_WORKER_REPORT_SECONDS", 5.0)
 LMSP_WORKER_SILENT_SECONDS = _env_float("LMSP_WORKER_SILENT_SECONDS", 3 * LMSP_WORKER_REPORT_SECONDS)
 # A node that has not reported for this long (stopped, or gone) leaves the workers page (retention).

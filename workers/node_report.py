@@ -7,7 +7,9 @@ engine's rows, waiting rows and tokens/s (``workers.run_metrics``). The
 report is what stops when the node is frozen (SIGSTOP), cut off from the
 database or killed, so the page shows it silent within
 ``LMSP_WORKER_SILENT_SECONDS``, long before the reaper's heartbeat timeout.
-A stop says ``draining`` at once and ``stopped`` at exit.
+A stop says ``draining`` at once and ``stopped`` at exit. With
+``LMSP_WORKER_REPORT_SECONDS`` 0 the node does not report itself (the page
+does not list it).
 
 Only task workers report (not the maintenance node). A prefork node's
 engines live in its pool processes, which this thread cannot see: it
@@ -57,9 +59,14 @@ def _remember_node(sender: str, instance: Any, **kwargs: object) -> None:
     _concurrency = int(getattr(instance, "concurrency", 1) or 1)
 
 
+def _reports() -> bool:
+    """Whether this node reports itself (``LMSP_WORKER_REPORT_SECONDS`` 0: it does not)."""
+    return bool(_node) and settings.LMSP_WORKER_REPORT_SECONDS > 0
+
+
 @worker_ready.connect
 def _start(**kwargs: object) -> None:
-    if _node:
+    if _reports():
         threading.Thread(target=_keep_reporting, name="lmsp-node-report", daemon=True).start()
 
 
@@ -74,7 +81,7 @@ def _draining(**kwargs: object) -> None:
 @worker_shutdown.connect
 def _stop(**kwargs: object) -> None:
     global _state
-    if not _node:
+    if not _reports():
         return
     _state = WorkerNodeState.STOPPED
     _stopped.set()
@@ -117,9 +124,15 @@ def _report() -> None:
     if database_outage() is not None and _state != WorkerNodeState.STOPPED:
         # The commits' retries find the end of an outage: a report that reached the database on a connection
         # of its own would end this process's outage early, and the next failure start another (one line
-        # per outage: docs/recovery.md). A silent node during an outage is what the page should show.
+        # per outage: docs/recovery.md). A silent node during an outage is what the page should show. Its
+        # connection, which the outage may have cut, is closed: the next report opens a new one.
+        connection.close()
         return
     with _report_lock:
+        # A connection an outage cut between two reports (which then saw none of it) is dropped unseen: its
+        # first statement would otherwise fail after the end and start a second outage in the log.
+        if connection.connection is not None and not connection.is_usable():
+            connection.close()
         try:
             worker_node_report(
                 name=_node,
@@ -133,9 +146,6 @@ def _report() -> None:
             )
         except Exception as exc:  # a report lost to an outage is written again next round; the node goes on
             _warning("worker node %s: report not written: %s", _node, exc)
-        finally:
-            # A connection of its own for each report: one kept across an outage it sat out would fail at
-            # its first use after the end, and start a second outage in the log (docs/recovery.md).
             connection.close()
 
 
