@@ -14,7 +14,7 @@ import functools
 import subprocess
 import tomllib
 from collections.abc import Mapping, Sequence
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from django.conf import settings
@@ -76,8 +76,3 @@ def worker_node_report(
 def worker_nodes_forget(*, before: datetime) -> int:
     """Nodes that have not reported since ``before`` (stopped or gone long ago): deleted; how many."""
     return WorkerNode.objects.filter(reported_at__lt=before).delete()[0]
-
-
-def worker_node_silent_after() -> timedelta:
-    """A node whose newest report is older than this is silent."""
-    return timedelta(seconds=settings.LMSP_WORKER_SILENT_SECONDS)
