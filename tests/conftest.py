@@ -271,7 +271,6 @@ def shared_worker(
         "LMSP_MODELS_DIR": str(worker_models_root),
         "LMSP_DELTA_BATCH_MS": "20",
         "LMSP_HEARTBEAT_SECONDS": "1",
-        "LMSP_WORKER_REPORT_SECONDS": "1",
         **extra_env,
     }
     with celery_worker(env=env, queue=queue, log_path=log_dir / "worker.log", pool=pool, name=name) as worker:
@@ -377,7 +376,8 @@ def web_server(django_db_setup, django_db_blocker, worker_models_root: Path) -> 
         "LMSP_TASK_QUEUE": WORKER_QUEUE,
         "LMSP_MODELS_DIR": str(worker_models_root),
         "LMSP_STREAM_KEEPALIVE_SECONDS": "1",
-        # The admin's thresholds for the tests' workers, which beat every second and report every second.
+        # The admin's thresholds for the tests' workers, which beat every second (test_admin_operator.py's
+        # freezable worker also reports every second).
         "LMSP_HEARTBEAT_SILENT_SECONDS": "4",
         "LMSP_WORKER_REPORT_SECONDS": "1",
         "LMSP_WORKER_SILENT_SECONDS": "4",

@@ -72,6 +72,8 @@ def freezable_worker(django_db_setup, django_db_blocker, worker_models_root: Pat
         queue=queue,
         pool="threads",
         name=FREEZABLE,
+        # Reports every second (the session's workers every 5 s, the default): the web calls it silent after 4.
+        LMSP_WORKER_REPORT_SECONDS="1",
         LMSP_FAULT_MODEL_CALL_SECONDS="0.004",
         LMSP_DRAIN_SECONDS="0.5",
     ) as worker:
