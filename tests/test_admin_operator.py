@@ -32,7 +32,7 @@ from django.db.models import F
 from tasks_app.core import lifecycle
 from tasks_app.exceptions import DatabaseBusy, ModelLoadFailed
 from tasks_app.models import Task, TaskAttempt, TaskEvent, WorkerNode
-from tasks_app.plumbing.db_locks import lock_wait
+from tasks_app.plumbing.db_locks import lock_wait, stale_before
 from tasks_app.services.dispatch import task_dispatch
 from tasks_app.services.recovery import abandoned_tasks_reap
 from tasks_app.states import AttemptEnd, TaskStatus
@@ -185,7 +185,6 @@ def test_a_frozen_worker_shows_stuck_and_an_operator_hands_its_task_back_then_ru
     assert Task.objects.get(pk=task["id"]).status == TaskStatus.RUNNING
 
     freeze(freezable_worker, task["id"])
-    frozen_at = time.monotonic()
     # The workers page: the node silent, its task counted stuck.
     page.goto(f"{web_server.base}/admin/tasks_app/workernode/")
     # The node goes silent first (its report), then its task's heartbeat: both within seconds.
@@ -200,9 +199,11 @@ def test_a_frozen_worker_shows_stuck_and_an_operator_hands_its_task_back_then_ru
     page.wait_for_selector("#lmsp-silent-note", state="visible")
     assert "no heartbeat" in page.inner_text("#lmsp-silent-note")
     screenshot(page, "task-silent")
-    # All of it before the reaper would have acted.
-    assert time.monotonic() - frozen_at < django_settings.LMSP_HEARTBEAT_TIMEOUT_SECONDS
+    # All of it before the reaper would have acted: the task is still its worker's, and not yet stale to
+    # the reaper (whose own predicate, on the heartbeats' clock, is this).
+    timeout = django_settings.LMSP_HEARTBEAT_TIMEOUT_SECONDS
     assert Task.objects.get(pk=task["id"]).status == TaskStatus.RUNNING
+    assert not Task.objects.filter(pk=task["id"], heartbeat_at__lt=stale_before(timeout)).exists()
 
     # Hand back now: its policy (fail) fails it, and its attempt says who ended it and why.
     confirm(page, "#lmsp-hand-back")
