@@ -31,7 +31,9 @@ django_application = ASGIStaticFilesHandler(get_asgi_application())
 from django.conf import settings  # noqa: E402  (after setup)
 
 from lmsp_project.wsgi_bridge import Receive, Scope, Send, WsgiBridge  # noqa: E402
+from tasks_app.edge.middleware import request_body_limit  # noqa: E402
 from tasks_app.edge.sse import ASGIApp, EventStreamMiddleware  # noqa: E402  (needs the apps loaded)
+from tasks_app.openai.batches.keeper import batch_keeper_start  # noqa: E402
 from tasks_app.plumbing.database_outages import outage_process_set  # noqa: E402
 from tasks_app.plumbing.dispatch_sender import dispatch_sender_start  # noqa: E402
 
@@ -75,6 +77,7 @@ def _application() -> ASGIApp:
         threads=settings.LMSP_WEB_THREADS,
         max_body=settings.LMSP_MAX_REQUEST_BYTES,
         thread_name_prefix="lmsp-web",
+        body_limit=request_body_limit,
     )
     return SyncViewsOverWsgi(sync_app=bridge, async_app=streams_application)
 
@@ -82,3 +85,5 @@ def _application() -> ASGIApp:
 application = _application()
 # Run messages go to Redis from a thread of their own, after the 202.
 dispatch_sender_start()
+# Batches are fed to the workers and their results written by a thread of each web process (docs/batches.md).
+batch_keeper_start()

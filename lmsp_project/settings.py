@@ -305,6 +305,9 @@ REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
 LMSP_MODELS_DIR = _env_path("LMSP_MODELS_DIR", BASE_DIR / "models")
 LMSP_EVENT_RETENTION_SECONDS = _env_int("LMSP_EVENT_RETENTION_SECONDS", 7 * 24 * 3600)
 LMSP_TASK_RETENTION_SECONDS = _env_int("LMSP_TASK_RETENTION_SECONDS", 30 * 24 * 3600)
+# A conversation unchanged this long is deleted with its items; 0 (the default) keeps it until its client
+# deletes it, as OpenAI keeps conversations (docs/conversations.md).
+LMSP_CONVERSATION_RETENTION_SECONDS = _env_int("LMSP_CONVERSATION_RETENTION_SECONDS", 0)
 LMSP_IDEMPOTENCY_TTL_SECONDS = _env_int("LMSP_IDEMPOTENCY_TTL_SECONDS", 24 * 3600)
 LMSP_PAIRING_CODE_TTL_SECONDS = _env_int("LMSP_PAIRING_CODE_TTL_SECONDS", 600)
 # Retention cleanup (lmsp_cleanup, and Celery beat this often): rows are
@@ -314,6 +317,18 @@ LMSP_CLEANUP_INTERVAL_SECONDS = _env_int("LMSP_CLEANUP_INTERVAL_SECONDS", 3600)
 LMSP_CLEANUP_BATCH_SIZE = _env_int("LMSP_CLEANUP_BATCH_SIZE", 500)
 # Largest request body accepted on the API, in bytes; larger -> 413.
 LMSP_MAX_REQUEST_BYTES = _env_int("LMSP_MAX_REQUEST_BYTES", 1024 * 1024)
+# Files and batches (docs/batches.md). Files are kept on disk here, never in the database; with more
+# than one web process this directory must be the same for all of them.
+LMSP_FILES_DIR = _env_path("LMSP_FILES_DIR", DATA_DIR / "files")
+# Largest file accepted by POST /files, in bytes (OpenAI's limit for a batch's input); larger -> 413.
+LMSP_MAX_FILE_BYTES = _env_int("LMSP_MAX_FILE_BYTES", 200 * 1024 * 1024)
+# Most lines one batch's input file may hold (OpenAI's limit).
+LMSP_BATCH_MAX_LINES = _env_int("LMSP_BATCH_MAX_LINES", 50_000)
+# Batch lines that may be tasks at once, across all batches: the rows of the engines batches may take,
+# the rest staying free for interactive requests (docs/decisions/0017-batches.md).
+LMSP_BATCH_ACTIVE_LINES = _env_int_at_least("LMSP_BATCH_ACTIVE_LINES", 8, 1)
+# How often each web process's batch keeper looks at the unfinished batches (feeds lines, writes results).
+LMSP_BATCH_POLL_SECONDS = _env_float("LMSP_BATCH_POLL_SECONDS", 0.5)
 # Tasks allowed to wait in `queued` at once; more -> 429 queue_full.
 LMSP_MAX_QUEUED_TASKS = _env_int("LMSP_MAX_QUEUED_TASKS", 10_000)
 # The routes whose errors another protocol's clients read, and the adapter function that shapes them

@@ -9,9 +9,11 @@ it opened, reused across requests like a WSGI worker thread's (see
 ``tasks_app.plumbing.dbpool``, which does the same for the streams' reads).
 
 PEP 3333 on one side, ASGI HTTP on the other. The request body is read in
-full (up to ``max_body`` bytes: what lies beyond is not read, the app sees a
-body one byte over its limit and refuses it) before the app runs; a client
-that leaves before that costs no thread. A response's first 64 KiB come back
+full (up to ``max_body`` bytes, or what ``body_limit`` allows the request's
+route: what lies beyond is not read, the app sees a body one byte over its
+limit and refuses it) before the app runs; a client that leaves before that
+costs no thread and leaves nothing behind. A body over ``SPOOL_BYTES`` is
+spooled to a temporary file, not held in memory (a file upload, docs/batches.md). A response's first 64 KiB come back
 from the thread with its status, so an ordinary response costs one thread
 hop; a longer one (a static file) is pulled from the thread in 64 KiB steps
 and stops when the client goes.
@@ -22,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import io
 import sys
+import tempfile
 from collections.abc import Awaitable, Callable, Iterable, Iterator, MutableMapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -33,6 +36,8 @@ Send = Callable[[Message], Awaitable[None]]
 WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
 
 CHUNK_BYTES = 64 * 1024
+# A request body longer than this goes to a temporary file as it arrives.
+SPOOL_BYTES = 1024 * 1024
 
 
 class _Disconnected(Exception):
@@ -42,18 +47,34 @@ class _Disconnected(Exception):
 class WsgiBridge:
     """Serves ``app`` (WSGI) over ASGI HTTP on ``threads`` named threads."""
 
-    def __init__(self, app: WSGIApp, *, threads: int, max_body: int, thread_name_prefix: str = "wsgi") -> None:
+    def __init__(
+        self,
+        app: WSGIApp,
+        *,
+        threads: int,
+        max_body: int,
+        thread_name_prefix: str = "wsgi",
+        body_limit: Callable[[str, str], int] | None = None,
+    ) -> None:
         self.app = app
         self.max_body = max_body
+        # (method, path) -> the limit of that request's body, where a route takes more than max_body.
+        self.body_limit = body_limit
         self.executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix=thread_name_prefix)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             raise ValueError(f"the WSGI bridge serves only HTTP, not {scope['type']!r}")
-        try:
-            body = await self._read_body(receive)
-        except _Disconnected:
-            return
+        limit = self.max_body if self.body_limit is None else self.body_limit(scope["method"], scope["path"])
+        with tempfile.SpooledTemporaryFile(max_size=SPOOL_BYTES) as body:
+            try:
+                await self._read_body(receive, body, limit)
+            except _Disconnected:
+                return
+            body.seek(0)
+            await self._serve(scope, receive, send, body)
+
+    async def _serve(self, scope: Scope, receive: Receive, send: Send, body: Any) -> None:
         environ = wsgi_environ(scope, body)
         loop = asyncio.get_running_loop()
         status, headers, first, rest = await loop.run_in_executor(self.executor, self._start, environ)
@@ -69,19 +90,17 @@ class WsgiBridge:
             # close() ends the request for Django (request_finished, open files).
             await loop.run_in_executor(self.executor, rest.close)
 
-    async def _read_body(self, receive: Receive) -> bytes:
-        parts: list[bytes] = []
+    async def _read_body(self, receive: Receive, body: Any, limit: int) -> None:
         size = 0
-        while size <= self.max_body:
+        while size <= limit:
             message = await receive()
             if message["type"] == "http.disconnect":
                 raise _Disconnected
-            chunk = message.get("body", b"")
-            parts.append(chunk)
+            chunk = message.get("body", b"")[: limit + 1 - size]
+            body.write(chunk)
             size += len(chunk)
             if not message.get("more_body", False):
                 break
-        return b"".join(parts)[: self.max_body + 1]
 
     def _start(self, environ: dict[str, Any]) -> tuple[int, list[tuple[bytes, bytes]], bytes, _Body | None]:
         """On a pool thread: run the app up to its first ``CHUNK_BYTES`` of body."""
@@ -158,8 +177,8 @@ async def _until_disconnect(receive: Receive) -> None:
         pass
 
 
-def wsgi_environ(scope: Scope, body: bytes) -> dict[str, Any]:
-    """The PEP 3333 environ of an ASGI HTTP request whose whole body is ``body``."""
+def wsgi_environ(scope: Scope, body: bytes | Any) -> dict[str, Any]:
+    """The PEP 3333 environ of an ASGI HTTP request whose whole body is ``body`` (bytes, or a file at its start)."""
     script_name = scope.get("root_path", "")
     path = scope["path"]
     if script_name and path.startswith(script_name):
@@ -176,7 +195,7 @@ def wsgi_environ(scope: Scope, body: bytes) -> dict[str, Any]:
         "SERVER_PROTOCOL": f"HTTP/{scope.get('http_version', '1.1')}",
         "wsgi.version": (1, 0),
         "wsgi.url_scheme": scope.get("scheme", "http"),
-        "wsgi.input": io.BytesIO(body),
+        "wsgi.input": io.BytesIO(body) if isinstance(body, bytes) else body,
         "wsgi.errors": sys.stderr,
         "wsgi.multithread": True,
         "wsgi.multiprocess": True,
@@ -203,8 +222,17 @@ def wsgi_environ(scope: Scope, body: bytes) -> dict[str, Any]:
         if key in environ:
             value = environ[key] + ("; " if key == "HTTP_COOKIE" else ",") + value
         environ[key] = value
-    if body and "CONTENT_LENGTH" not in environ:
+    size = len(body) if isinstance(body, bytes) else _remaining(body)
+    if size and "CONTENT_LENGTH" not in environ:
         # A chunked body, already read in full: a WSGI app reads no further
         # than CONTENT_LENGTH (Django reads nothing without it).
-        environ["CONTENT_LENGTH"] = str(len(body))
+        environ["CONTENT_LENGTH"] = str(size)
     return environ
+
+
+def _remaining(body: Any) -> int:
+    """The bytes of a spooled body from where it stands to its end (it is left where it stood)."""
+    here = body.tell()
+    end = body.seek(0, io.SEEK_END)
+    body.seek(here)
+    return end - here

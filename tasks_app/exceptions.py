@@ -189,6 +189,30 @@ class WebhookEndpointNotFound(NotFound):
     code, title = "webhook_endpoint_not_found", "Webhook endpoint not found"
 
 
+class ConversationNotFound(NotFound):
+    """Raised when a conversation does not exist or belongs to another client."""
+
+    code, title = "conversation_not_found", "Conversation not found"
+
+
+class ConversationItemNotFound(NotFound):
+    """Raised when a conversation has no item with the id asked for."""
+
+    code, title = "conversation_item_not_found", "Conversation item not found"
+
+
+class FileNotFound(NotFound):
+    """Raised when a file does not exist or belongs to another client."""
+
+    code, title = "file_not_found", "File not found"
+
+
+class BatchNotFound(NotFound):
+    """Raised when a batch does not exist or belongs to another client."""
+
+    code, title = "batch_not_found", "Batch not found"
+
+
 class WebhookTestFailed(LmspError):
     """Raised when a test event sent to a webhook endpoint got no HTTP answer (refused target, network, timeout)."""
 
@@ -225,10 +249,28 @@ class TaskNotRerunnable(LmspError):
     status, code, title = 409, "task_not_rerunnable", "Task not rerunnable"
 
 
+class BatchNotCancelable(LmspError):
+    """Raised when a cancel reaches a batch that already ended (completed, failed, expired)."""
+
+    status, code, title = 409, "batch_not_cancelable", "Batch not cancelable"
+
+
+class FileInUse(LmspError):
+    """Raised when a file is deleted while a batch that reads or writes it has not ended."""
+
+    status, code, title = 409, "file_in_use", "File in use"
+
+
 class ResponseNotFinished(LmspError):
     """Raised when a response is deleted before its task ended (PROFILE.md section 9)."""
 
     status, code, title = 409, "response_not_finished", "Response not finished"
+
+
+class ConversationBusy(LmspError):
+    """Raised when a response is started on a conversation while another response on it has not finished."""
+
+    status, code, title = 409, "conversation_busy", "Conversation busy"
 
 
 class IdempotencyKeyInUse(LmspError):

@@ -25,10 +25,16 @@ RESPONSE_PREFIX = "resp_"
 MESSAGE_PREFIX = "msg_"
 FUNCTION_CALL_PREFIX = "fc_"
 CALL_PREFIX = "call_"
+CONVERSATION_PREFIX = "conv_"
+FUNCTION_CALL_OUTPUT_PREFIX = "fco_"
 WEBHOOK_ENDPOINT_PREFIX = "whep_"
 # A delivery's id is its `webhook-id` header: one per event and endpoint, the same on every attempt.
 WEBHOOK_DELIVERY_PREFIX = "whmsg_"
 WEBHOOK_EVENT_PREFIX = "evt_"
+# OpenAI's Files and Batch APIs (PROFILE.md 12.2); OpenAI's file ids take a hyphen.
+FILE_PREFIX = "file-"
+BATCH_PREFIX = "batch_"
+BATCH_REQUEST_PREFIX = "batch_req_"
 
 
 def _encode(value: int, length: int) -> str:
@@ -83,6 +89,14 @@ def new_call_id(length: int | None = None) -> str:
     return "".join(secrets.choice(_CALL_ID_ALPHABET) for _ in range(length))
 
 
+def new_conversation_id() -> str:
+    return CONVERSATION_PREFIX + new_ulid()
+
+
+def new_function_call_output_id() -> str:
+    return FUNCTION_CALL_OUTPUT_PREFIX + new_ulid()
+
+
 def new_webhook_endpoint_id() -> str:
     return WEBHOOK_ENDPOINT_PREFIX + new_ulid()
 
@@ -93,6 +107,14 @@ def new_webhook_delivery_id() -> str:
 
 def new_webhook_event_id() -> str:
     return WEBHOOK_EVENT_PREFIX + new_ulid()
+
+
+def new_file_id() -> str:
+    return FILE_PREFIX + new_ulid()
+
+
+def new_batch_id() -> str:
+    return BATCH_PREFIX + new_ulid()
 
 
 def is_prefixed_ulid(value: str, prefix: str) -> bool:

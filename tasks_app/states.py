@@ -120,6 +120,9 @@ RERUNNABLE: frozenset[TaskStatus] = frozenset({S.FAILED, S.CANCELLED})
 MAY_HAVE_OUTPUT: frozenset[TaskStatus] = frozenset({S.RUNNING, S.CANCELLING})
 """An attempt found here may have shown text: a task that ends from here keeps what its deltas hold."""
 
+RESPONSE_UNFINISHED: frozenset[ResponseStatus] = frozenset({ResponseStatus.QUEUED, ResponseStatus.IN_PROGRESS})
+"""A response whose task has not ended (what makes its conversation busy)."""
+
 # The response status each task status implies, where it implies one
 # (``succeeded`` implies one of SUCCESS_RESPONSE; ``loading`` and
 # ``cancelling`` leave the response as it was).

@@ -454,7 +454,7 @@ LONGEST_FILES = (
     *("test_response_fields.py", "test_model_pull.py", "test_lock_contention.py", "test_cut_off_workers.py"),
     *("test_batched_worker.py", "test_admin_browser.py", "test_admin_operator.py", "test_crashes.py"),
     "test_worker_drain.py",
-    *("test_http_server.py", "test_background_responses.py", "test_conversations_live.py"),
+    *("test_http_server.py", "test_background_responses.py", "test_continuations.py", "test_conversations.py"),
     *("test_lifecycle_machine.py", "test_tool_calls.py", "test_api_bad_input.py", "test_webhooks.py"),
     *("test_cancel_race.py", "test_database_outages.py", "test_web_serving.py", "test_broker_outage.py"),
     "test_streams.py",

@@ -59,6 +59,11 @@ SPEC_REFUSALS = [
     # A previous_response_id the schema allows names no stored response of the client (PROFILE.md 10.2).
     ("POST /lmsp/v1/responses", 404, "response_not_found", {"previous_response_id": "no stored response"}),
     ("POST /lmsp/v1/tasks", 404, "response_not_found", {"input.previous_response_id": "no stored response"}),
+    # A conversation goes with a chain of responses or without one (PROFILE.md 12.1): a rule across two fields.
+    ("POST /lmsp/v1/responses", 400, "invalid_request", {"conversation": "not with previous_response_id"}),
+    ("POST /lmsp/v1/tasks", 400, "invalid_request", {"input.conversation": "not with previous_response_id"}),
+    # A multipart part is a file only with a filename (docs/batches.md): OpenAPI has no word for it.
+    ("POST /lmsp/v1/files", 400, "invalid_request", {"file": "required, as a part with a filename"}),
     # Function tools (PROFILE.md 10.4, docs/tools.md): rules across a request's tools and its tool_choice,
     # and parameters the grammar engine cannot compile, which no schema states. `[*]`: any index.
     *(

@@ -46,6 +46,15 @@ ENDPOINTS = [
     ("POST", "/lmsp/v1/tasks/{task_id}/cancel", "responses"),
     ("GET", "/lmsp/v1/models", "read"),
     ("GET", "/lmsp/v1/responses/{response_id}", "read"),
+    # OpenAI's Files and Batch API (docs/batches.md): the ids need not exist, a token is asked first.
+    ("POST", "/lmsp/v1/files", "responses"),
+    ("GET", "/lmsp/v1/files", "read"),
+    ("GET", "/lmsp/v1/files/file-x", "read"),
+    ("GET", "/lmsp/v1/files/file-x/content", "read"),
+    ("POST", "/lmsp/v1/batches", "responses"),
+    ("GET", "/lmsp/v1/batches", "read"),
+    ("GET", "/lmsp/v1/batches/batch_x", "read"),
+    ("POST", "/lmsp/v1/batches/batch_x/cancel", "responses"),
 ]
 ENDPOINT_IDS = [f"{m} {p}" for m, p, _ in ENDPOINTS]
 

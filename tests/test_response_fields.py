@@ -677,8 +677,6 @@ REFUSED = [
     pytest.param({"service_tier": "priority"}, "service_tier", id="service_tier-priority"),
     pytest.param({"service_tier": "scale"}, "service_tier", id="service_tier-scale"),
     pytest.param({"prompt": {"id": "pmpt_1", "version": "2"}}, "prompt", id="prompt"),
-    pytest.param({"conversation": "conv_1"}, "conversation", id="conversation-id"),
-    pytest.param({"conversation": {"id": "conv_1"}}, "conversation", id="conversation-object"),
     pytest.param({"moderation": {"model": "omni-moderation-latest"}}, "moderation", id="moderation"),
     pytest.param({"access_programs": {"cyber": "standard"}}, "access_programs", id="access_programs"),
     pytest.param(

@@ -17,8 +17,11 @@ from django.utils import timezone
 from tasks_app.core import lifecycle
 from tasks_app.core.webhook_outbox import TaskEnd, webhook_deliveries_enqueue
 from tasks_app.exceptions import ServerRestarted
+from tasks_app.generation.spec import Turn
 from tasks_app.models import (
     Client,
+    Conversation,
+    ConversationItem,
     IdempotencyKey,
     PairingCode,
     Response,
@@ -29,6 +32,7 @@ from tasks_app.models import (
     WebhookDeliveryStatus,
 )
 from tasks_app.services.clients import pairing_code_create, pairing_code_redeem
+from tasks_app.services.conversations import ConversationEntry, conversation_create
 from tasks_app.services.idempotency import idempotency_claim, request_digest
 from tasks_app.services.retention import CleanupSummary, retention_cleanup
 from tasks_app.services.webhooks import webhook_endpoint_create
@@ -318,6 +322,28 @@ def test_a_batch_size_below_one_is_refused(db):
         retention_cleanup(now=datetime(2020, 1, 1))  # naive
 
 
+def test_idle_conversations_go_with_their_items_only_when_asked_and_never_one_a_response_runs_on(owner, settings):
+    client, _ = owner
+    entry = ConversationEntry(item={"id": "msg_1", "type": "message"}, turn=Turn("user", text="Hi"))
+    idle, busy, fresh = (conversation_create(client=client, metadata=None, entries=[entry]) for _ in range(3))
+    lifecycle.task_insert(
+        client=client,
+        request={"model": "demo", "input": "x"},
+        generation=spec_json({"model": "demo", "input": "x"}),
+        model="demo",
+        conversation_id=busy.pk,
+    )
+    long_ago = timezone.now() - timedelta(days=40)
+    Conversation.objects.filter(pk__in=[idle.pk, busy.pk]).update(updated_at=long_ago)
+
+    # Kept until deleted by default, as OpenAI keeps them.
+    assert retention_cleanup().conversations == 0
+    settings.LMSP_CONVERSATION_RETENTION_SECONDS = 30 * 24 * 3600
+    assert retention_cleanup(batch_size=1).conversations == 1
+    assert set(Conversation.objects.values_list("pk", flat=True)) == {busy.pk, fresh.pk}
+    assert not ConversationItem.objects.filter(conversation_id=idle.pk).exists()
+
+
 def test_the_command_prints_its_summary(owner):
     client, _ = owner
     task = make_task(client, S.CANCELLED)
@@ -328,7 +354,8 @@ def test_the_command_prints_its_summary(owner):
     out = StringIO()
     call_command("lmsp_cleanup", "--batch-size", "1", stdout=out)
     assert out.getvalue() == (
-        "deleted 2 events, 1 task (1 response, 0 snapshots), 0 idempotency keys, 1 pairing code, 0 webhook deliveries\n"
+        "deleted 2 events, 1 task (1 response, 0 snapshots), 0 idempotency keys, 1 pairing code, 0 webhook deliveries, "
+        "0 conversations\n"
     )
     assert not Task.objects.filter(pk=task.pk).exists()
 
@@ -336,7 +363,7 @@ def test_the_command_prints_its_summary(owner):
     call_command("lmsp_cleanup", stdout=again)
     assert again.getvalue() == (
         "deleted 0 events, 0 tasks (0 responses, 0 snapshots), 0 idempotency keys, 0 pairing codes, "
-        "0 webhook deliveries\n"
+        "0 webhook deliveries, 0 conversations\n"
     )
     with pytest.raises(CommandError):
         call_command("lmsp_cleanup", "--batch-size", "0", stdout=StringIO())

@@ -50,7 +50,9 @@ from tests.test_query_plans import assert_read_through, statements
 
 D = WebhookDeliveryStatus
 S = TaskStatus
-ALL_TYPES = ["response.completed", "response.incomplete", "response.failed", "response.cancelled"]
+RESPONSE_TYPES = ["response.completed", "response.incomplete", "response.failed", "response.cancelled"]
+# A batch's ends (docs/batches.md) after a response's.
+ALL_TYPES = [*RESPONSE_TYPES, "batch.completed", "batch.failed", "batch.cancelled", "batch.expired"]
 GHOST = "ghost@nowhere/1"
 API = "/lmsp/v1/webhook_endpoints"
 
@@ -212,7 +214,7 @@ def test_a_sample_event_is_sent_signed_and_answered_with_the_status_the_endpoint
         assert not WebhookDelivery.objects.exists()
 
         with pytest.raises(openai.BadRequestError) as unknown:
-            alice.webhooks.test(endpoint.id, event_type="batch.completed")
+            alice.webhooks.test(endpoint.id, event_type="batch.unknown")
         assert (unknown.value.code, unknown.value.param) == ("invalid_request", "event_type")
         with pytest.raises(openai.NotFoundError) as foreign:
             bob.webhooks.test(endpoint.id, event_type="response.completed")

@@ -19,7 +19,15 @@ from __future__ import annotations
 
 from django.contrib import admin
 
-from tasks_app.admin import client_admin, model_record_admin, record_admins, task_admin, webhook_admin, worker_admin
+from tasks_app.admin import (
+    client_admin,
+    conversation_admin,
+    model_record_admin,
+    record_admins,
+    task_admin,
+    webhook_admin,
+    worker_admin,
+)
 from tasks_app.admin.bounded_counts import BoundedCountAdmin, BoundedCountPaginator
 from tasks_app.admin.task_admin import TaskAdmin
 
@@ -27,7 +35,9 @@ __all__ = (
     "BoundedCountAdmin",
     "BoundedCountPaginator",
     "TaskAdmin",
+    "batch_admin",
     "client_admin",
+    "conversation_admin",
     "model_record_admin",
     "record_admins",
     "task_admin",

@@ -143,6 +143,11 @@ _SAMPLING_ECHO = "Extension: as the request sent it; null leaves it to the model
 _IN_FORCE = "The value the generation uses: the request's, else the model's generation config's, else neutral."
 
 
+@extend_schema_serializer(component_name="ConversationRef")
+class ConversationRefSchema(serializers.Serializer):
+    id = serializers.CharField(help_text="`conv_` + ULID.")
+
+
 @extend_schema_serializer(component_name="Response")
 class ResponseSchema(serializers.Serializer):
     """The response object (PROFILE.md section 3), with every member OpenAI's and the Open Responses schema
@@ -167,6 +172,10 @@ class ResponseSchema(serializers.Serializer):
     repetition_penalty = serializers.FloatField(allow_null=True, help_text=_SAMPLING_ECHO)
     # PROFILE.md 10.1: what the request accepted, echoed with OpenAI's defaults for what it left out.
     previous_response_id = serializers.CharField(allow_null=True)
+    conversation = ConversationRefSchema(
+        required=False,
+        help_text="The conversation it reads and adds to (PROFILE.md 12.1); absent when the request named none.",
+    )
     tools = serializers.ListField(
         child=serializers.DictField(),
         help_text="The request's tools; function tools with `description`, `parameters` and `strict` filled in.",

@@ -205,7 +205,7 @@ def lmsp_postprocess(result: dict[str, Any], generator: SchemaGenerator, **kwarg
     return _without_enum_ids(result)
 
 
-# What the strict JSON parser (``parsers._check_strings``) and DRF's ``CharField`` refuse in any string a
+# What the strict JSON parser (``parsers.check_strings``) and DRF's ``CharField`` refuse in any string a
 # client sends, as a pattern, so the schema allows exactly the strings the server takes.
 NO_NUL_PATTERN = "^[^\\u0000]*$"
 

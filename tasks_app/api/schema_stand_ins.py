@@ -98,6 +98,8 @@ class ResponsesOperations(APIView):
             exc.UnsupportedParameter,
             exc.ResponseNotFound,
             exc.ResponseNotFinished,
+            exc.ConversationNotFound,
+            exc.ConversationBusy,
             exc.ModelNotFound,
             exc.IdempotencyKeyInUse,
             exc.EventHistoryExpired,

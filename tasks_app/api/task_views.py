@@ -23,6 +23,7 @@ from tasks_app.api.task_serializers import (
     TaskOutputSerializer,
 )
 from tasks_app.edge.scoped_views import READ, WRITE, ScopedAPIView, validated
+from tasks_app.openai.conversations.translate import conversation_use
 from tasks_app.openai.responses.translate import accepted_spec
 from tasks_app.selectors import tasks as selectors
 from tasks_app.services.idempotency import idempotency_key_validate, request_digest
@@ -53,6 +54,8 @@ class TaskCollectionView(ScopedAPIView):
             exc.UnsupportedParameter,
             exc.ResponseNotFound,
             exc.ResponseNotFinished,
+            exc.ConversationNotFound,
+            exc.ConversationBusy,
             exc.ModelNotFound,
             exc.IdempotencyKeyInUse,
             exc.IdempotencyKeyReused,
@@ -68,6 +71,7 @@ class TaskCollectionView(ScopedAPIView):
         with in_envelope("input"):
             spec = accepted_spec(data["input"])
         reply = task_create(
+            conversation=conversation_use(data["input"]),
             client=request.user,
             request=data["input"],
             spec=spec,

@@ -13,6 +13,9 @@ urlpatterns = [
     # The OpenAI protocols' routes (their own packages), in their place among ours.
     path("", include("tasks_app.openai.responses.urls")),
     path("", include("tasks_app.openai.chat_completions.urls")),
+    path("", include("tasks_app.openai.files.urls")),
+    path("", include("tasks_app.openai.batches.urls")),
+    path("", include("tasks_app.openai.conversations.urls")),
     # Anthropic's Messages API (its own package).
     path("", include("tasks_app.anthropic.urls")),
     path("capabilities", capabilities_view.CapabilitiesView.as_view(), name="capabilities"),

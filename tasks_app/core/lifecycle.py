@@ -103,6 +103,8 @@ def task_insert(
     notify_webhooks: bool = False,
     protocol: Protocol = Protocol.LMSP,
     rerun_of: Task | None = None,
+    conversation_id: str = "",
+    batch_id: str = "",
 ) -> Task:
     """Create a queued task, its response and event 0 (``response.created``).
 
@@ -114,6 +116,8 @@ def task_insert(
     commit the idempotency record with it. ``notify_webhooks``: the task's end
     is delivered to its client's webhook endpoints (not for a response whose
     caller waits on the connection). ``rerun_of``: the task an operator ran again to make this one.
+    ``conversation_id``: the conversation its response adds its items to when it ends (PROFILE.md 12.1).
+    ``batch_id``: the batch whose line it runs; its end settles the line (``core/batch_log``).
     """
     now = timezone.now()
     # No savepoint: inside a caller's transaction a failure here must undo
@@ -128,6 +132,8 @@ def task_insert(
             request=dict(request),
             generation=dict(generation),
             metadata=dict(metadata or {}),
+            conversation_id=conversation_id,
+            batch_id=batch_id,
             created_at=now,
             updated_at=now,
         )

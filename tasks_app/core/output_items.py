@@ -24,6 +24,7 @@ from django.db.models import F
 from tasks_app.core import event_payloads
 from tasks_app.core.wire import function_call_item, message_item
 from tasks_app.events import Event, EventType
+from tasks_app.generation.spec import ASSISTANT, Turn
 from tasks_app.ids import new_call_id, new_function_call_id, new_message_id
 from tasks_app.models import TaskEvent
 
@@ -256,3 +257,20 @@ def task_outputs_items(*, task_ids: Sequence[str]) -> dict[str, list[OutputItem]
         if sequence >= first_of[task_id]:
             payloads[task_id].append(payload)
     return {task_id: fold(task_payloads) for task_id, task_payloads in payloads.items()}
+
+
+def output_turns(output: Sequence[Mapping[str, Any]]) -> list[Turn]:
+    """A response's output items as the turns a later turn reads: its message's text, its calls."""
+    return [turn for item in output or () if (turn := output_turn(item)) is not None]
+
+
+def output_turn(item: Mapping[str, Any]) -> Turn | None:
+    """One output item as the turn a later turn reads (None: an item no model reads)."""
+    if item.get("type") == MESSAGE:
+        parts = item.get("content", ())
+        return Turn(
+            ASSISTANT, text="".join(part.get("text", "") for part in parts if part.get("type") == "output_text")
+        )
+    if item.get("type") == FUNCTION_CALL:
+        return Turn(ASSISTANT, call_id=item["call_id"], name=item["name"], arguments=item["arguments"])
+    return None

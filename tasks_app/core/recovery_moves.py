@@ -25,6 +25,7 @@ from tasks_app.core import event_payloads, output_items
 from tasks_app.core.attempt_log import ATTEMPT_FIELDS, attempts_close
 from tasks_app.core.log_rows import event_row
 from tasks_app.core.output_items import task_outputs_items
+from tasks_app.core.task_ends import TaskEnded, task_ends_settle
 from tasks_app.core.webhook_outbox import TaskEnd, webhook_deliveries_enqueue
 from tasks_app.exceptions import TransitionNotAllowed
 from tasks_app.models import Response, Task, TaskEvent, TaskSnapshot
@@ -255,3 +256,10 @@ def _recovery_end(moves: Sequence[RecoveryMove], rows: Mapping[str, Mapping[str,
         if (row := rows[move.task_id])["notify_webhooks"]
     ]
     webhook_deliveries_enqueue(ends=notified, now=now)
+    task_ends_settle(
+        ends=[
+            TaskEnded(move.task_id, response, rows[move.task_id]["worker"])
+            for move, response in zip(moves, ended, strict=True)
+        ],
+        now=now,
+    )

@@ -109,4 +109,12 @@ def response_echo(request: Mapping[str, Any]) -> dict[str, Any]:
         "prompt_cache_retention": request.get("prompt_cache_retention"),
         "image": request.get("image"),
         **{key: request[key] for key in ("user", "prompt_cache_options") if request.get(key) is not None},
+        **_conversation_echo(request.get("conversation")),
     }
+
+
+def _conversation_echo(given: Any) -> dict[str, Any]:
+    # As OpenAI's response object has it: {"id"} whichever way the request named it; absent without one.
+    if not given:
+        return {}
+    return {"conversation": {"id": given["id"] if isinstance(given, Mapping) else given}}

@@ -34,6 +34,7 @@ from django.utils import timezone
 from tasks_app import events, faults, states
 from tasks_app.core.attempt_log import attempt_close_on_end
 from tasks_app.core.log_rows import events_insert, snapshot_encoded, snapshots_keep
+from tasks_app.core.task_ends import TaskEnded, task_ends_settle
 from tasks_app.core.webhook_outbox import TaskEnd, webhook_deliveries_enqueue
 from tasks_app.events import Event
 from tasks_app.exceptions import TaskNotFound, TransitionNotAllowed
@@ -203,6 +204,8 @@ def _applied(task_id: str, write: Write, encoded: _Encoded, now: datetime) -> Tr
     snapshots_keep(task, encoded.snapshot, now, drop=write.drop_snapshots)
     if task.status in states.TERMINAL:
         attempt_close_on_end(task, specs[-1].type if specs else None)
+        # Every terminal verb closes the log with an event that shows the response, so it was read above.
+        task_ends_settle(ends=[TaskEnded(task.id, task.response, task.worker)], now=now)
     if task.notify_webhooks and task.status in states.TERMINAL:
         # The outbox rows commit with the task's end, or neither does (docs/webhooks.md).
         end = TaskEnd(task.id, task.response_id, task.client_id, str(specs[-1].type))

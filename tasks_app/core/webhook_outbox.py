@@ -21,6 +21,18 @@ from tasks_app.ids import new_webhook_delivery_id, new_webhook_event_id
 from tasks_app.models import WebhookDelivery, WebhookDeliveryStatus, WebhookEndpoint
 from tasks_app.plumbing.notify import webhooks_due_on_commit
 
+# A batch's ends (OpenAI's batch webhooks, docs/batches.md): written by the transaction that ends the batch.
+BATCH_EVENT_TYPES: tuple[str, ...] = ("batch.completed", "batch.failed", "batch.cancelled", "batch.expired")
+
+
+@dataclass(frozen=True)
+class BatchEnd:
+    """A batch whose end the caller's transaction commits: who owns it and which of its events it is."""
+
+    batch_id: str
+    client_id: int
+    event_type: str
+
 
 @dataclass(frozen=True)
 class TaskEnd:
@@ -32,20 +44,19 @@ class TaskEnd:
     event_type: str
 
 
-def webhook_event_payload(*, event_id: str, end: TaskEnd, now: datetime) -> str:
-    """The OpenAI webhook event (``client.webhooks.unwrap`` parses it), compact JSON: the bytes that are signed."""
-    body = {
-        "id": event_id,
-        "object": "event",
-        "created_at": int(now.timestamp()),
-        "type": end.event_type,
-        "data": {"id": end.response_id, "task_id": end.task_id},
-    }
+def webhook_event_payload(*, event_id: str, end: TaskEnd | BatchEnd, now: datetime) -> str:
+    """The OpenAI webhook event (``client.webhooks.unwrap`` parses it), compact JSON: the bytes that are signed.
+
+    A batch's event names the batch only, as OpenAI's ``batch.*`` events do.
+    """
+    data = {"id": end.batch_id} if isinstance(end, BatchEnd) else {"id": end.response_id, "task_id": end.task_id}
+    body = {"id": event_id, "object": "event", "created_at": int(now.timestamp()), "type": end.event_type, "data": data}
     return json.dumps(body, ensure_ascii=False, separators=(",", ":"))
 
 
-def webhook_deliveries_enqueue(*, ends: Sequence[TaskEnd], now: datetime) -> int:
-    """In the caller's transaction: one pending delivery per endpoint of each task's client subscribed to its event.
+def webhook_deliveries_enqueue(*, ends: Sequence[TaskEnd | BatchEnd], now: datetime) -> int:
+    """In the caller's transaction: one pending delivery per endpoint of each task's (or batch's) client
+    subscribed to its event.
 
     One SELECT of the clients' endpoints, and one INSERT only when some
     endpoint is subscribed. The event has one id for all its endpoints;
@@ -69,8 +80,9 @@ def webhook_deliveries_enqueue(*, ends: Sequence[TaskEnd], now: datetime) -> int
                 event_id=event_id,
                 event_type=end.event_type,
                 payload=payload,
-                response_id=end.response_id,
-                task_id=end.task_id,
+                # A batch's delivery names neither (its payload names the batch).
+                response_id="" if isinstance(end, BatchEnd) else end.response_id,
+                task_id="" if isinstance(end, BatchEnd) else end.task_id,
                 status=WebhookDeliveryStatus.PENDING,
                 next_attempt_at=now,
                 created_at=now,

@@ -50,11 +50,11 @@ class StrictJSONParser(BaseParser):
             raise ParseError("The request body nests too deeply") from None
         if not isinstance(data, dict):
             raise ParseError("The request body must be a JSON object")
-        _check_strings(data)
+        check_strings(data)
         return data
 
 
-def _check_strings(data: Any) -> None:
+def check_strings(data: Any) -> None:
     """Refuse strings no database can store the same way, naming where they are.
 
     U+0000 cannot go into a PostgreSQL JSON column (SQLite would take it, so

@@ -57,6 +57,12 @@ def _flatten(detail: Any, prefix: str = "") -> list[dict[str, str]]:
     return [{"field": prefix or "body", "message": str(detail)}]
 
 
+def drf_error_as_lmsp(error: drf.APIException) -> exc.LmspError:
+    """The problem a DRF error (a serializer's ``ValidationError``) is answered with, for a caller that answers
+    it elsewhere than in an HTTP reply (a batch line's result)."""
+    return _from_drf(error)
+
+
 def _from_drf(error: drf.APIException) -> exc.LmspError:
     if isinstance(error, drf.ValidationError):
         errors = _flatten(error.detail)

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from tasks_app.exceptions import UnsupportedParameter
+from tasks_app.exceptions import InvalidRequest, UnsupportedParameter
 from tasks_app.openai import text_format, tools
 
 # Input item types and content part types: what the chat template can carry, and OpenAI's others.
@@ -128,6 +128,17 @@ def response_request_check(request: Mapping[str, Any]) -> None:
     if request.get("service_tier") not in (None, *ACCEPTED_SERVICE_TIERS):
         raise _refuse("service_tier", "one queue serves every request here; use 'auto' or 'default'")
     _options_check(request)
+    if request.get("conversation"):
+        if request.get("previous_response_id"):
+            raise InvalidRequest(
+                "conversation and previous_response_id cannot be used together: a response continues one or the other",
+                errors=[{"field": "conversation", "message": "not with previous_response_id"}],
+            )
+        if request.get("store") is False:
+            raise InvalidRequest(
+                "a response in a conversation is stored with it: conversation requires store to be true",
+                errors=[{"field": "store", "message": "must be true when conversation is given"}],
+            )
 
 
 def _text_check(text: Mapping[str, Any]) -> None:

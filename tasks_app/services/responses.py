@@ -31,7 +31,8 @@ from tasks_app.core.wire import Live, response_object
 from tasks_app.exceptions import InvalidRequest, ResponseNotFinished, ResponseNotFound
 from tasks_app.generation.spec import GenerationSpec
 from tasks_app.models import Client, IdempotencyKey, IdempotencyState, Response, Task
-from tasks_app.services.conversations import conversation_continuation
+from tasks_app.services.continuations import conversation_continuation
+from tasks_app.services.conversations import ConversationUse
 from tasks_app.services.idempotency import idempotency_claim_if_keyed, idempotency_complete
 from tasks_app.services.tasks import Reply, task_accept, task_cancel
 from tasks_app.states import Protocol, RestartPolicy
@@ -69,11 +70,13 @@ def response_start(
     on_restart: RestartPolicy = RestartPolicy.FAIL,
     protocol: Protocol = Protocol.LMSP,
     endpoint: str = RESPONSES_ENDPOINT,
+    conversation: ConversationUse | None = None,
 ) -> ResponseStarted:
     """Accept a response request as a task, or find what an earlier request with its key started.
 
     ``protocol`` names the shape of ``request`` (another protocol's adapter
-    passes its own, and its ``endpoint`` scopes its idempotency keys).
+    passes its own, and its ``endpoint`` scopes its idempotency keys); ``conversation``: the conversation it
+    reads and adds to (``tasks_app.services.conversations``).
     Returns only after the commit (``durable=True``: never inside another
     transaction), so the task a caller then waits for, streams or (background)
     is told about is durable.
@@ -110,6 +113,7 @@ def response_start(
             notify_webhooks=background,
             continuation=continuation,
             protocol=protocol,
+            conversation=conversation,
         )
         task = accepted.task
         answer = None

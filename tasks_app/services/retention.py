@@ -39,6 +39,8 @@ from django.utils import timezone
 from tasks_app import states
 from tasks_app.exceptions import DatabaseBusy
 from tasks_app.models import (
+    Conversation,
+    ConversationItem,
     IdempotencyKey,
     PairingCode,
     Response,
@@ -51,6 +53,7 @@ from tasks_app.models import (
 from tasks_app.plumbing.db_locks import busy_as_unavailable, lock_wait
 from tasks_app.plumbing.querying import status_in
 from tasks_app.services.workers import worker_nodes_forget
+from tasks_app.states import RESPONSE_UNFINISHED
 
 logger = logging.getLogger(__name__)
 
@@ -66,6 +69,7 @@ class CleanupSummary:
     idempotency_keys: int = 0
     pairing_codes: int = 0
     webhook_deliveries: int = 0
+    conversations: int = 0
 
     @property
     def total(self) -> int:
@@ -77,6 +81,7 @@ class CleanupSummary:
             + self.idempotency_keys
             + self.pairing_codes
             + self.webhook_deliveries
+            + self.conversations
         )
 
     def describe(self) -> str:
@@ -91,7 +96,8 @@ class CleanupSummary:
             f"({count(self.responses, 'response', 'responses')}, {count(self.snapshots, 'snapshot', 'snapshots')}), "
             f"{count(self.idempotency_keys, 'idempotency key', 'idempotency keys')}, "
             f"{count(self.pairing_codes, 'pairing code', 'pairing codes')}, "
-            f"{count(self.webhook_deliveries, 'webhook delivery', 'webhook deliveries')}"
+            f"{count(self.webhook_deliveries, 'webhook delivery', 'webhook deliveries')}, "
+            f"{count(self.conversations, 'conversation', 'conversations')}"
         )
 
 
@@ -118,6 +124,7 @@ def retention_cleanup(*, now: datetime | None = None, batch_size: int | None = N
     tasks_cutoff = now - task_retention
 
     events = tasks = responses = snapshots = cascaded_events = idempotency_keys = pairing_codes = deliveries = 0
+    conversations = 0
     deliveries_cutoff = now - timedelta(seconds=settings.LMSP_WEBHOOK_RETENTION_SECONDS)
     ended_deliveries = [WebhookDeliveryStatus.DELIVERED, WebhookDeliveryStatus.FAILED]
     # A writer frozen inside its transaction (SQLite: the write lock) is not waited on for long: what
@@ -144,6 +151,7 @@ def retention_cleanup(*, now: datetime | None = None, batch_size: int | None = N
                 delete=lambda pks: WebhookDelivery.objects.filter(ended, pk__in=pks).delete()[0],
                 size=size,
             )
+            conversations = _delete_idle_conversations(now=now, size=size)
             # A handful of rows, one per node: the admin's workers page forgets a node gone this long.
             worker_nodes_forget(before=now - timedelta(seconds=settings.LMSP_WORKER_NODE_RETENTION_SECONDS))
     except DatabaseBusy:
@@ -156,10 +164,29 @@ def retention_cleanup(*, now: datetime | None = None, batch_size: int | None = N
         idempotency_keys=idempotency_keys,
         pairing_codes=pairing_codes,
         webhook_deliveries=deliveries,
+        conversations=conversations,
     )
     if summary.total:
         logger.info("retention cleanup: %s", summary.describe())
     return summary
+
+
+def _delete_idle_conversations(*, now: datetime, size: int) -> int:
+    """Conversations unchanged for ``LMSP_CONVERSATION_RETENTION_SECONDS`` (0: kept until deleted, as OpenAI keeps
+    them), with their items; never one a response is still running on."""
+    if settings.LMSP_CONVERSATION_RETENTION_SECONDS <= 0:
+        return 0
+    cutoff = now - timedelta(seconds=settings.LMSP_CONVERSATION_RETENTION_SECONDS)
+    running = Response.objects.filter(status__in=RESPONSE_UNFINISHED).exclude(conversation_id="")
+    idle = Q(updated_at__lt=cutoff) & ~Q(pk__in=running.values("conversation_id"))
+
+    def delete(pks: list[Any]) -> int:
+        with transaction.atomic():
+            gone = list(Conversation.objects.filter(idle, pk__in=pks).values_list("pk", flat=True))
+            ConversationItem.objects.filter(conversation_id__in=gone).delete()
+            return Conversation.objects.filter(pk__in=gone).delete()[0]
+
+    return _delete_in_batches(select=lambda: Conversation.objects.filter(idle), delete=delete, size=size)
 
 
 def _delete_in_batches(*, select: Callable[[], QuerySet[Any]], delete: Callable[[list[Any]], int], size: int) -> int:

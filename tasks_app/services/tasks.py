@@ -14,6 +14,8 @@ from tasks_app import states
 from tasks_app.core import lifecycle
 from tasks_app.core.wire import task_object
 from tasks_app.exceptions import (
+    ConversationBusy,
+    ConversationNotFound,
     InvalidRequest,
     LmspError,
     ModelNotFound,
@@ -29,7 +31,8 @@ from tasks_app.generation.spec import GenerationSpec
 from tasks_app.models import Client, Task
 from tasks_app.plumbing.querying import status_in
 from tasks_app.selectors.tasks import model_get_by_name
-from tasks_app.services.conversations import Continuation, conversation_continuation
+from tasks_app.services.continuations import Continuation, conversation_continuation
+from tasks_app.services.conversations import ConversationUse, conversation_items_pend, conversation_join
 from tasks_app.services.dispatch import task_dispatch_on_commit
 from tasks_app.services.idempotency import IdempotencyClaim, idempotency_claim_if_keyed, idempotency_complete
 from tasks_app.states import Protocol, RestartPolicy, TaskStatus
@@ -72,6 +75,7 @@ def task_accept(
     notify_webhooks: bool = False,
     continuation: Continuation | None = None,
     protocol: Protocol = Protocol.LMSP,
+    conversation: ConversationUse | None = None,
 ) -> Accepted:
     """Insert a queued task for ``request`` and dispatch it once the caller's transaction commits.
 
@@ -82,10 +86,14 @@ def task_accept(
     ``continuation``: the conversation the spec continues (``conversation_continuation``):
     its refusal is raised here, after the caller's idempotency key had its say; its turns are copied
     into the task's spec, before its own; the worker that ran the response before gets the task if it has room
-    (``tasks_app.plumbing.affinity``).
+    (``tasks_app.plumbing.affinity``);
+    ``conversation``: the conversation (PROFILE.md 12.1) the response reads its context from and adds its items
+    to when it ends (``tasks_app.services.conversations``); it takes the place of ``continuation``.
     The count that checks the queue's limit is also the new task's place in
     the line: inside the write transaction, every queued task is ahead of it.
     """
+    if conversation is not None:
+        continuation = conversation_join(client=client, use=conversation)
     context = continuation.context_or_refusal() if continuation is not None else None
     model = model_get_by_name(spec.model)
     if on_restart == RestartPolicy.RESUME and not model.resumable:
@@ -111,7 +119,10 @@ def task_accept(
         metadata=request.get("metadata") or {},
         notify_webhooks=notify_webhooks,
         protocol=protocol,
+        conversation_id=conversation.conversation_id if conversation is not None else "",
     )
+    if conversation is not None:
+        conversation_items_pend(use=conversation, response_id=task.response_id)
     task_dispatch_on_commit(
         task_id=task.id,
         prefer_worker=continuation.worker if continuation is not None else "",
@@ -141,6 +152,7 @@ def task_create(
     on_restart: RestartPolicy,
     idempotency_key: str | None,
     request_hash: str | None,
+    conversation: ConversationUse | None = None,
 ) -> Reply:
     """Accept a task: task, response, event 0 and idempotency record in one transaction.
 
@@ -156,7 +168,7 @@ def task_create(
     continuation = conversation_continuation(client=client, previous_response_id=spec.continues)
     # The model is looked up inside the transaction (task_accept), the continuation's refusal raised
     # there (after a replay had its chance); their paths in this body are under input.
-    refusals = (ModelNotFound, ResponseNotFound, ResponseNotFinished)
+    refusals = (ModelNotFound, ResponseNotFound, ResponseNotFinished, ConversationNotFound, ConversationBusy)
     with in_envelope("input", only=refusals), transaction.atomic(durable=True):
         claim = idempotency_claim_if_keyed(
             client=client, endpoint=TASKS_ENDPOINT, key=idempotency_key, request_hash=request_hash
@@ -171,6 +183,7 @@ def task_create(
             on_restart=on_restart,
             notify_webhooks=True,
             continuation=continuation,
+            conversation=conversation,
         )
         task = accepted.task
         reply = Reply(202, task_object(task, accepted.queue_position), {"Location": task_location(task.id)})

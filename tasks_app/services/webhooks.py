@@ -18,9 +18,10 @@ from django.db import transaction
 from django.utils import timezone
 
 from tasks_app import events
-from tasks_app.core.webhook_outbox import TaskEnd, webhook_event_payload
+from tasks_app.core.webhook_outbox import BATCH_EVENT_TYPES, BatchEnd, TaskEnd, webhook_event_payload
 from tasks_app.exceptions import InvalidRequest, WebhookTestFailed
 from tasks_app.ids import (
+    new_batch_id,
     new_response_id,
     new_task_id,
     new_webhook_delivery_id,
@@ -39,8 +40,8 @@ from tasks_app.plumbing.webhook_http import (
 
 logger = logging.getLogger("tasks_app.webhooks")
 
-# The webhook event types are the terminal event types of a task's log, in the same order.
-EVENT_TYPES: tuple[str, ...] = tuple(str(event_type) for event_type in events.TERMINAL)
+# The webhook event types: the terminal event types of a task's log, in the same order, then a batch's ends.
+EVENT_TYPES: tuple[str, ...] = (*(str(event_type) for event_type in events.TERMINAL), *BATCH_EVENT_TYPES)
 # How long a rotated-out secret still signs when the rotation asked to keep it.
 PREVIOUS_SECRET_SECONDS = 24 * 3600
 
@@ -150,9 +151,11 @@ def webhook_endpoint_test(*, endpoint: WebhookEndpoint, event_type: str) -> int:
         message = f"{event_type!r} is not a supported event type (supported: {', '.join(EVENT_TYPES)})"
         raise InvalidRequest(f"event_type: {message}", errors=[{"field": "event_type", "message": message}])
     now = timezone.now()
-    sample = TaskEnd(
+    sample: TaskEnd | BatchEnd = TaskEnd(
         task_id=new_task_id(), response_id=new_response_id(), client_id=endpoint.client_id, event_type=event_type
     )
+    if event_type in BATCH_EVENT_TYPES:
+        sample = BatchEnd(batch_id=new_batch_id(), client_id=endpoint.client_id, event_type=event_type)
     webhook_id = new_webhook_delivery_id()
     outcome = webhook_post(
         url=endpoint.url,

@@ -25,6 +25,8 @@ from tasks_app.openai import surface
 ROLES = ("user", "system", "developer", "assistant")
 TEXT_PART_TYPES = ("input_text", "output_text")
 
+# Any JSON value the body parser takes (no U+0000 anywhere): the schema's JsonValue component.
+_ANY_JSON_VALUE = {"$ref": "#/components/schemas/JsonValue"}
 # OpenAPI shapes of the fields below that take more than one JSON type.
 _TEXT_PART_SCHEMA = {
     "oneOf": [
@@ -37,14 +39,16 @@ _TEXT_PART_SCHEMA = {
                 "annotations": {"type": "array"},
                 "logprobs": {"type": ["array", "null"]},
             },
-            # Other members (an earlier answer's, echoed back) are ignored (PROFILE.md 10.1).
+            # Other members (an earlier answer's, echoed back) are ignored (PROFILE.md 10.1), whatever JSON they hold.
             "description": "Other members are ignored.",
+            "additionalProperties": _ANY_JSON_VALUE,
         },
         {
             "type": "object",
             "required": ["type", "refusal"],
             "properties": {"type": {"type": "string", "enum": ["refusal"]}, "refusal": {"type": "string"}},
             "description": "Other members are ignored.",
+            "additionalProperties": _ANY_JSON_VALUE,
         },
     ]
 }
@@ -140,7 +144,7 @@ class FunctionCallItemSerializer(StrictSerializer):
     id = StrictCharField(required=False, allow_blank=True, max_length=200, trim_whitespace=False)
     status = StrictChoiceField(choices=ITEM_STATUSES, required=False)
     # A call of a namespace's function: the model knows it by its own name (tasks_app.generation.tool_calls).
-    namespace = StrictCharField(required=False, allow_null=True, max_length=64, trim_whitespace=False)
+    namespace = StrictCharField(required=False, allow_null=True, allow_blank=True, max_length=64, trim_whitespace=False)
 
 
 class ReasoningItemSerializer(StrictSerializer):

@@ -97,6 +97,35 @@ class MetadataField(serializers.Field):
         return value
 
 
+_CONVERSATION_ID_SCHEMA = {"type": "string", "minLength": 1, "maxLength": 200}
+
+
+@extend_schema_field(
+    {
+        "oneOf": [
+            _CONVERSATION_ID_SCHEMA,
+            {
+                "type": "object",
+                "required": ["id"],
+                "properties": {"id": _CONVERSATION_ID_SCHEMA},
+                "additionalProperties": False,
+            },
+        ]
+    }
+)
+class ConversationRefField(serializers.Field):
+    """``conversation``: a conversation's id, or ``{"id": ...}`` (the openai package sends either)."""
+
+    def to_internal_value(self, data: Any) -> str | dict[str, str]:
+        value = data.get("id") if isinstance(data, dict) and set(data) == {"id"} else data
+        if not isinstance(value, str) or not 1 <= len(value) <= 200:
+            raise serializers.ValidationError('must be a conversation id or {"id": <conversation id>}')
+        return data
+
+    def to_representation(self, value: Any) -> Any:
+        return value
+
+
 @extend_schema_field({"type": "number", "exclusiveMinimum": 0, "maximum": 1})
 class TopPField(StrictFloatField):
     """``top_p`` in (0, 1], the sampler's domain (``workers/backends/sampling/``): 0 is refused up front."""
@@ -279,7 +308,14 @@ class ResponseRequestSerializer(StrictSerializer):
     image = ImageOptionsSerializer(required=False, allow_null=True)
     # OpenAI's fields for what this service does not have: only their absence (null) is accepted.
     prompt = NullOnlyField(required=False, help_text="Refused: no stored prompt templates.")
-    conversation = NullOnlyField(required=False, help_text="Refused: use `previous_response_id`.")
+    conversation = ConversationRefField(
+        required=False,
+        allow_null=True,
+        help_text='A conversation of this client (PROFILE.md 12.1), its id or `{"id"}`: its items come before '
+        "this input, and this input and the output are added to it when the response completes (or is "
+        "incomplete); not with `previous_response_id`. A second response on it while one runs is "
+        "`409 conversation_busy`.",
+    )
     moderation = NullOnlyField(required=False, help_text="Refused: no moderation model.")
     access_programs = NullOnlyField(required=False, help_text="Refused.")
     context_management = documented_as(serializers.ListField, {"type": "array", "maxItems": 0})(

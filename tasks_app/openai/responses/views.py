@@ -11,6 +11,7 @@ from rest_framework.response import Response
 
 from tasks_app.edge.scoped_views import READ, WRITE, ScopedAPIView, validated
 from tasks_app.edge.stream_cursor import stream_cursor
+from tasks_app.openai.conversations.translate import conversation_use
 from tasks_app.openai.responses.serializers import ResponseCreateInputSerializer, ResponseOutputSerializer
 from tasks_app.openai.responses.translate import accepted_spec
 from tasks_app.selectors import tasks as selectors
@@ -43,6 +44,7 @@ class ResponseCreateView(ScopedAPIView):
             stream=bool(data.get("stream")),
             background=data["background"],
             on_restart=data["on_restart"],
+            conversation=conversation_use(data),
         )
         if started.replay is not None:
             reply = started.replay

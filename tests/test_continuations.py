@@ -2,7 +2,7 @@
 
 A response that continues another stores a copy of the conversation before
 it (docs/decisions/0004-conversations-copy-their-context.md), so a
-conversation goes on after every process and Redis restarted, continues
+conversation goes on after every process and Redis restarted (tests/test_conversations.py), continues
 background and task responses alike, resolves in one query however long it
 is, and survives the deletion of its earlier turns. The refusals name the
 field the way the ``openai`` package reads it.
@@ -10,7 +10,6 @@ field the way the ``openai`` package reads it.
 
 from __future__ import annotations
 
-import json
 import uuid
 from typing import Any
 
@@ -19,7 +18,7 @@ import pytest
 
 from tasks_app.generation.spec import GenerationSpec, Turn
 from tasks_app.models import Response, Task
-from tasks_app.services.conversations import conversation_context
+from tasks_app.services.continuations import conversation_context
 from tasks_app.states import TaskStatus
 from tests.support.demo import ENDLESS_MODEL
 from tests.support.moves import move
@@ -59,34 +58,6 @@ def context_of(response_id: str) -> list[Turn]:
 # --------------------------------------------------------------------------- #
 # Live: real servers and workers
 # --------------------------------------------------------------------------- #
-
-
-def test_a_conversation_goes_on_after_the_web_server_the_worker_and_redis_restarted(private_stack):
-    with private_stack("before-restart") as stack:
-        sdk = sdk_for(stack.base, stack.token)
-        one = sdk.responses.create(
-            model=ENDLESS_MODEL, instructions=INSTRUCTIONS, input="First question", max_output_tokens=FEW
-        )
-        two = sdk.responses.create(
-            model=ENDLESS_MODEL, input="Second question", previous_response_id=one.id, max_output_tokens=FEW
-        )
-    # Every process of the first stack is gone, its Redis too: only the database remembers the conversation.
-    with private_stack("after-restart") as stack:
-        three = sdk_for(stack.base, stack.token).responses.create(
-            model=ENDLESS_MODEL, input="Third question", previous_response_id=two.id, max_output_tokens=FEW
-        )
-
-    assert (one.status, two.status, three.status) == ("incomplete", "incomplete", "incomplete")
-    assert three.usage.input_tokens > two.usage.input_tokens > one.usage.input_tokens
-    assert turns(context_of(three.id)) == [
-        ("user", "First question"),
-        ("assistant", one.output_text),
-        ("user", "Second question"),
-        ("assistant", two.output_text),
-    ]
-    # Instructions belong to the request that gives them: turn 1's reached neither later turn.
-    assert INSTRUCTIONS not in json.dumps(Response.objects.get(pk=three.id).request)
-    assert three.instructions is None
 
 
 def test_a_background_response_is_continued_in_the_foreground_and_by_a_task(api, web_server, running_worker):
