@@ -247,7 +247,7 @@ def test_cancel_asks_first_and_the_list_at_1280_px_shows_status_and_error(api, m
     problem = ModelLoadFailed("the model's files were removed while it was queued").to_problem()
     assert lifecycle.task_fail(task_id=failed.id, error=problem).won
     page.set_viewport_size({"width": WIDTH, "height": 900})
-    running = create(api, "Tell me a long story", model=ENDLESS_MODEL, max_output_tokens=8000, seed=4)
+    running = create(api, "Tell me a long story", model=ENDLESS_MODEL, max_output_tokens=30000, seed=4)
     wait_for_status(api, running["id"], {"running"})
     detail = f"/admin/tasks_app/task/{running['id']}/change/"
 

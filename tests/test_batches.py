@@ -267,7 +267,9 @@ def test_a_worker_and_a_web_process_killed_mid_batch_lose_no_line_and_write_none
     (the keeper writing the files) SIGKILLed while lines run: after recovery and a restart, every line's
     result is in the output or the error file exactly once, the counts agree, each batch's end is in the
     webhook outbox once."""
-    env = {**lab.env, "LMSP_TASK_QUEUE": lab.queue, "LMSP_BATCH_ACTIVE_LINES": "8", "LMSP_BATCH_POLL_SECONDS": "0.1"}
+    env = {**lab.env, "LMSP_TASK_QUEUE": lab.queue, "LMSP_BATCH_ACTIVE_LINES": "16", "LMSP_BATCH_POLL_SECONDS": "0.1"}
+    # One engine batch runs the window's lines together (a worker of one row would run them one by one).
+    batched = {"pool": "threads", "concurrency": 16, "LMSP_MAX_BATCH": "16", "LMSP_DELTA_BATCH_MS": "20"}
     WebhookEndpoint.objects.create(
         id="whep_01J000000000000000000000KL",
         client=lab.api.client,
@@ -292,7 +294,7 @@ def test_a_worker_and_a_web_process_killed_mid_batch_lose_no_line_and_write_none
             for items, endpoint in ((responses, "/v1/responses"), (chats, "/v1/chat/completions"))
         ]
         # A slowed device: the kills land while lines run, on a loaded machine too.
-        with lab.worker("first", LMSP_FAULT_MODEL_CALL_SECONDS="0.002") as worker:
+        with lab.worker("first", **batched, LMSP_FAULT_MODEL_CALL_SECONDS="0.002") as worker:
             wait_until(
                 lambda: BatchLine.objects.filter(state="ended", written=True).count() >= 30,
                 what="no results were written before the kills",
@@ -301,7 +303,12 @@ def test_a_worker_and_a_web_process_killed_mid_batch_lose_no_line_and_write_none
             kill_process_group(worker.proc)
             os.kill(first_web.pid, 9)
     lab.recover()
-    with uvicorn_process(env["DATABASE_URL"], env) as second_web, lab.worker("second"):
+    # The lines whose run messages died with the worker are sent again by the sweeper (docs/recovery.md).
+    sweeping = {"LMSP_SWEEP_INTERVAL_SECONDS": "1", "LMSP_SWEEP_GRACE_SECONDS": "2"}
+    with (
+        uvicorn_process(env["DATABASE_URL"], env) as second_web,
+        lab.worker("second", beat=True, **batched, **sweeping),
+    ):
         sdk = sdk_for(second_web.base, lab.api.token)
         for batch, items in zip(created, (responses, chats), strict=True):
             done = ended(sdk, batch.id, timeout=180)

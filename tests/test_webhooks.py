@@ -168,9 +168,9 @@ def test_endpoints_are_created_listed_read_updated_rotated_and_deleted_with_the_
         alice.webhooks.create(name="p", url="http://10.0.0.1/x", event_types=ALL_TYPES)
     assert [e["field"] for e in refused.value.response.json()["errors"]] == ["url"]
     with pytest.raises(openai.BadRequestError) as refused:
-        alice.webhooks.create(name="p", url="https://hooks.example.invalid/x", event_types=["batch.completed"])
+        alice.webhooks.create(name="p", url="https://hooks.example.invalid/x", event_types=["batch.unknown"])
     assert "event_types" in refused.value.response.json()["errors"][0]["field"]
-    assert "batch.completed" in refused.value.response.json()["errors"][0]["message"]
+    assert "batch.unknown" in refused.value.response.json()["errors"][0]["message"]
 
     deleted = alice.webhooks.delete(created.id)
     assert (deleted.id, deleted.object, deleted.deleted) == (created.id, "webhook_endpoint.deleted", True)
