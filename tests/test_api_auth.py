@@ -55,6 +55,13 @@ ENDPOINTS = [
     ("GET", "/lmsp/v1/batches", "read"),
     ("GET", "/lmsp/v1/batches/batch_x", "read"),
     ("POST", "/lmsp/v1/batches/batch_x/cancel", "responses"),
+    # OpenAI's Conversations API (docs/conversations.md).
+    ("POST", "/lmsp/v1/conversations", "responses"),
+    ("GET", "/lmsp/v1/conversations/conv_x", "read"),
+    ("POST", "/lmsp/v1/conversations/conv_x", "responses"),
+    ("GET", "/lmsp/v1/conversations/conv_x/items", "read"),
+    ("POST", "/lmsp/v1/conversations/conv_x/items", "responses"),
+    ("GET", "/lmsp/v1/conversations/conv_x/items/msg_x", "read"),
 ]
 ENDPOINT_IDS = [f"{m} {p}" for m, p, _ in ENDPOINTS]
 
