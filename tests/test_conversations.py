@@ -268,6 +268,8 @@ async def agents_with_a_session(base_url: str, token: str) -> tuple[list[Any], l
         return [*runs, on_conversation], history, session.session_id
 
 
+# A client's protocol over the conversation services the tests above check on both databases (decision 0003).
+@pytest.mark.sqlite_pass
 def test_openai_agents_keeps_its_session_in_a_conversation_over_several_turns(api, web_server, running_worker):
     agents.set_tracing_disabled(True)
     runs, history, conversation_id = asyncio.run(agents_with_a_session(f"{web_server.base}/lmsp/v1", api.token))
