@@ -450,16 +450,15 @@ PROCESS_FIXTURES = frozenset(
 # started last would keep its worker busy long after the others ran out of work. Only the order follows
 # from this list; a file missing from it still runs, after these.
 LONGEST_FILES = (
-    *("test_recovery.py", "test_launcher.py", "test_schemathesis.py", "test_claude_code.py", "test_real_models.py"),
-    *("test_response_fields.py", "test_model_pull.py", "test_lock_contention.py", "test_cut_off_workers.py"),
-    *("test_batched_worker.py", "test_admin_browser.py", "test_admin_operator.py", "test_crashes.py"),
-    "test_worker_drain.py",
-    *("test_http_server.py", "test_background_responses.py", "test_continuations.py", "test_conversations.py"),
-    *("test_lifecycle_machine.py", "test_tool_calls.py", "test_api_bad_input.py", "test_webhooks.py"),
-    *("test_cancel_race.py", "test_database_outages.py", "test_web_serving.py", "test_broker_outage.py"),
-    "test_streams.py",
+    *("test_schemathesis.py", "test_recovery.py", "test_launcher.py", "test_real_models.py", "test_model_pull.py"),
+    *("test_batches.py", "test_batched_worker.py", "test_admin_operator.py", "test_crashes.py"),
+    *("test_lock_contention.py", "test_admin_browser.py", "test_cut_off_workers.py", "test_lifecycle_machine.py"),
+    *("test_demo_model.py", "test_http_server.py", "test_background_responses.py", "test_conversations.py"),
+    *("test_database_outages.py", "test_openapi.py", "test_engine_process.py", "test_worker_drain.py"),
+    *("test_claude_code.py", "test_webhooks.py", "test_cancel_race.py", "test_admin.py", "test_web_serving.py"),
+    *("test_metrics.py", "test_recovery_service.py", "test_broker_outage.py", "test_affinity.py"),
+    *("test_continuations.py", "test_tool_calls.py", "test_api_bad_input.py", "test_streams.py"),
     "test_stream_redis_restart.py",
-    "test_engine_process.py",
 )
 _FILE_RANK = {name: rank for rank, name in enumerate(LONGEST_FILES)}
 

@@ -241,8 +241,12 @@ def test_an_upload_cut_off_leaves_nothing_behind(transactional_db, api, web_serv
     assert refused.value.status_code == 400
 
 
-def test_another_client_sees_none_of_a_client_s_files_and_batches(transactional_db, sdk, web_server, other_api):
-    file = upload(sdk, jsonl([line("a", "/v1/responses", {"model": "demo", "input": "x", **SMALL})]))
+def test_another_client_sees_none_of_a_client_s_files_and_batches(running_worker, sdk, web_server, other_api):
+    # Three long lines on the shared worker (one row, about a second each at least): the batch still runs at
+    # the owner's calls below (a line of a few tokens had ended, and the batch with it, once the keeper woke
+    # at each line's end).
+    long = {"model": ENDLESS_MODEL, "input": "x", "max_output_tokens": 5000}
+    file = upload(sdk, jsonl([line(f"a{n}", "/v1/responses", long) for n in range(3)]))
     batch = sdk.batches.create(input_file_id=file.id, endpoint="/v1/responses", completion_window="24h")
     other = sdk_for(web_server.base, other_api.token)
     for call in (
@@ -258,6 +262,8 @@ def test_another_client_sees_none_of_a_client_s_files_and_batches(transactional_
     with pytest.raises(openai.NotFoundError):
         other.batches.create(input_file_id=file.id, endpoint="/v1/responses", completion_window="24h")
     # Its owner cannot delete the input of a batch still running; once it ended, it can.
+    with pytest.raises(openai.ConflictError):
+        sdk.files.delete(file.id)
     sdk.batches.cancel(batch.id)
     assert sdk.files.delete(ended(sdk, batch.id).input_file_id).deleted
 

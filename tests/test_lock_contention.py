@@ -182,7 +182,14 @@ def test_a_writer_frozen_inside_its_commit_costs_the_other_rows_nothing_they_com
             beat=True,
             maintenance=False,
         ),
-        celery_worker(env=env, queue=queue, log_path=tmp_path / "steady.log", name="steady") as steady,
+        # The row beside is slowed more: on a loaded machine the freezer's claim, model load and first three
+        # commits once took longer than 3,000 tokens at 2 ms (17 s), and the row had ended before the freeze.
+        celery_worker(
+            env={**env, "LMSP_FAULT_MODEL_CALL_SECONDS": "0.005"},
+            queue=queue,
+            log_path=tmp_path / "steady.log",
+            name="steady",
+        ) as steady,
         celery_worker(
             env={**env, "LMSP_FAULT_FREEZE": "task_progress@3", "LMSP_TASK_QUEUE": freezer_queue},
             queue=freezer_queue,

@@ -127,7 +127,11 @@ def test_a_maintenance_round_that_does_nothing_logs_nothing_at_info(api, transac
         "LMSP_SWEEP_GRACE_SECONDS": "0",
     }
     with celery_worker(env=env, queue=queue, log_path=tmp_path / "beat.log", beat=True, name="quiet") as node:
-        names = [name for name in (app.control.inspect(timeout=2).ping() or {}) if name.startswith("quiet@")]
+        # The node logs "ready" before its control consumer answers; a loaded machine can take seconds more.
+        names = wait_until(
+            lambda: [name for name in (app.control.inspect(timeout=2).ping() or {}) if name.startswith("quiet@")],
+            what=lambda: f"the maintenance node never answered a ping:\n{node.log()[-3000:]}",
+        )
         assert len(names) == 1, names
         wait_until(
             lambda: all(_rounds(names[0]).get(job, 0) >= 2 for job in ("lmsp.sweep_queued", "lmsp.reap_abandoned")),

@@ -48,6 +48,19 @@ _stopped = threading.Event()
 _report_lock = threading.Lock()
 
 
+def _hold_reports_across_fork() -> None:
+    """A prefork node forks a new pool process whenever one dies: never in the middle of a report.
+
+    SQLite keeps its locks' bookkeeping in process-wide memory, which a fork copies: a pool process forked
+    while this thread held the write lock believed forever after that another connection of its own held
+    it, and every write it tried was ``database is locked`` (test_recovery's dead pool process, 2026-12-07).
+    The report runs under ``_report_lock``, so taking it around the fork keeps every fork between reports.
+    """
+    os.register_at_fork(
+        before=_report_lock.acquire, after_in_parent=_report_lock.release, after_in_child=_report_lock.release
+    )
+
+
 @celeryd_after_setup.connect
 def _remember_node(sender: str, instance: Any, **kwargs: object) -> None:
     global _node, _pool, _concurrency, _started_at
@@ -67,6 +80,8 @@ def _reports() -> bool:
 @worker_ready.connect
 def _start(**kwargs: object) -> None:
     if _reports():
+        if _pool == "prefork":
+            _hold_reports_across_fork()
         threading.Thread(target=_keep_reporting, name="lmsp-node-report", daemon=True).start()
 
 

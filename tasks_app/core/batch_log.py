@@ -31,6 +31,7 @@ from tasks_app.models import (
     BatchStatus,
     Response,
 )
+from tasks_app.plumbing.notify import batch_lines_ended_on_commit
 from tasks_app.states import ResponseStatus
 
 O = BatchLineOutcome  # noqa: E741
@@ -81,6 +82,9 @@ def batch_lines_settle(*, ends: Sequence[tuple[str, Response]], now: datetime) -
             counts.setdefault(batch_id, Counter())[outcome] += 1
     for batch_id, outcomes in counts.items():
         _counted(batch_id, outcomes)
+    if counts:
+        # The keeper sends the next lines and writes these results now, not at its next poll.
+        batch_lines_ended_on_commit()
 
 
 def _outcome(response_status: str, batch_status: str | None) -> BatchLineOutcome:

@@ -54,6 +54,10 @@ def webhooks_channel() -> str:
     return key("webhooks")
 
 
+def batches_channel() -> str:
+    return key("batches")
+
+
 def publish(channel: str, message: dict[str, Any]) -> bool:
     try:
         redis_client().publish(channel, json.dumps(message, separators=(",", ":")))
@@ -76,6 +80,11 @@ def task_changed_on_commit(task_id: str, status: str, last_sequence: int) -> Non
 def webhooks_due_on_commit() -> None:
     """After the current transaction commits, wake the webhook deliverers: some delivery is due now."""
     transaction.on_commit(partial(publish, webhooks_channel(), {"due": True}))
+
+
+def batch_lines_ended_on_commit() -> None:
+    """After the current transaction commits, wake the batch keepers: a line ended, its row in the engine is free."""
+    transaction.on_commit(partial(publish, batches_channel(), {"ended": True}))
 
 
 def tasks_changed_on_commit(changes: Sequence[tuple[str, str, int]]) -> None:

@@ -26,15 +26,15 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
-import redis
 from django.conf import settings
 from django.db import DatabaseError, close_old_connections
 from django.db.models import Q
 from django.utils import timezone
 
 from tasks_app.models import WebhookDelivery, WebhookDeliveryStatus
+from tasks_app.plumbing.channel_wakeups import ChannelWakeups
 from tasks_app.plumbing.database_outages import database_unavailable_noted, one_line
-from tasks_app.plumbing.notify import redis_client, webhooks_channel, webhooks_due_on_commit
+from tasks_app.plumbing.notify import webhooks_channel, webhooks_due_on_commit
 from tasks_app.plumbing.webhook_http import AttemptOutcome, webhook_post
 from tasks_app.selectors.webhooks import webhook_deliveries_pending
 from tasks_app.services.webhooks import signing_secrets
@@ -45,9 +45,6 @@ D = WebhookDeliveryStatus
 T = TypeVar("T")
 # Each wait is shortened by up to this share at random, so that retries of many deliveries spread out.
 BACKOFF_JITTER = 0.25
-# The wake-up subscription's reconnect backoff: doubles per failed attempt, reset once subscribed.
-_WAKE_RETRY_FIRST_S = 0.05
-_WAKE_RETRY_MAX_S = 2.0
 
 
 # --------------------------------------------------------------------------- #
@@ -270,52 +267,6 @@ class _Senders:
             self._todo.put(None)
 
 
-class _Wakeups:
-    """A thread subscribed to the deliverers' channel: each message, and each (re)subscription, pokes the loop.
-
-    Only latency rides on it: the loop still polls every
-    LMSP_WEBHOOK_POLL_SECONDS, so while Redis is away deliveries wait at
-    most a poll.
-    """
-
-    def __init__(self, poke: Callable[[], None], stop: threading.Event) -> None:
-        self._poke, self._stop = poke, stop
-        threading.Thread(target=self._listen, daemon=True, name="webhook-wakeups").start()
-
-    def _listen(self) -> None:
-        retry, down = _WAKE_RETRY_FIRST_S, False
-        while not self._stop.is_set():
-            pubsub = redis_client().pubsub()
-            try:
-                pubsub.subscribe(webhooks_channel())
-                while not self._stop.is_set():
-                    message = pubsub.get_message(timeout=0.5)
-                    if message is None:
-                        continue
-                    if message["type"] == "subscribe":
-                        # Subscribed from here on; what was committed before is due now.
-                        retry = _WAKE_RETRY_FIRST_S
-                        if down:
-                            logger.info("webhooks: wake-ups subscribed again")
-                            down = False
-                    self._poke()
-            except redis.RedisError as error:
-                if not down:
-                    logger.warning(
-                        "webhooks: wake-ups lost (%s); polling every %.1f s until Redis is back",
-                        error,
-                        settings.LMSP_WEBHOOK_POLL_SECONDS,
-                    )
-                    down = True
-                self._stop.wait(retry)
-                retry = min(2 * retry, _WAKE_RETRY_MAX_S)
-            finally:
-                try:
-                    pubsub.close()
-                except redis.RedisError:
-                    pass
-
-
 def _database_step(what: str, step: Callable[..., T], **arguments: Any) -> T | None:
     """One short database step of the loop; a database that is away or busy costs a round, not the process."""
     try:
@@ -333,7 +284,8 @@ def webhook_deliveries_run(*, stop: threading.Event | None = None, once: bool = 
 
     It claims only as many as it has free threads, so a slow receiver holds
     up only its own attempt; when nothing is due it waits for a wake-up
-    (``_Wakeups``) or LMSP_WEBHOOK_POLL_SECONDS, whichever comes first. ``once``: one round (claim what is due now,
+    (``ChannelWakeups``) or LMSP_WEBHOOK_POLL_SECONDS, whichever comes first.
+    ``once``: one round (claim what is due now,
     send it, record it) and return. ``stop`` (SIGTERM, SIGINT) ends the loop
     within a poll slice; attempts still under way are abandoned to their
     leases.
@@ -342,7 +294,14 @@ def webhook_deliveries_run(*, stop: threading.Event | None = None, once: bool = 
     size = settings.LMSP_WEBHOOK_CONCURRENCY
     senders = _Senders(size)
     if not once:
-        _Wakeups(senders.poke, stop)
+        ChannelWakeups(
+            channel=webhooks_channel(),
+            poke=senders.poke,
+            stop=stop,
+            name="webhook-wakeups",
+            what="webhooks",
+            poll_seconds=settings.LMSP_WEBHOOK_POLL_SECONDS,
+        )
     in_flight: set[str] = set()
     counts = DeliveryCounts()
     claiming = True
