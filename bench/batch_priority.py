@@ -62,6 +62,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--tokens", type=int, default=64, help="output tokens of each batch line")
     parser.add_argument("--active", type=int, default=8, help="LMSP_BATCH_ACTIVE_LINES")
     parser.add_argument("--room", type=int, default=2, help="engine rows beyond the batch's window")
+    parser.add_argument(
+        "--auto",
+        action="store_true",
+        help="LMSP_BATCH_ACTIVE_LINES 0 (the workers' rows less one): a worker of --active + 1 rows",
+    )
     parser.add_argument("--probes", type=int, default=10, help="interactive requests on the idle worker")
     parser.add_argument("--threads", type=int, default=1, help="intra-op threads, as the worker's")
     parser.add_argument("--device", default="cpu")
@@ -163,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     size = MODEL_SIZES[args.model]
     svc = Service(SimpleNamespace(threads=args.threads, device=args.device))
-    svc.env["LMSP_BATCH_ACTIVE_LINES"] = str(args.active)
+    svc.env["LMSP_BATCH_ACTIVE_LINES"] = "0" if args.auto else str(args.active)
     report: dict[str, Any] = {"config": vars(args)}
     try:
         svc.prepare_models([size])
@@ -174,7 +179,8 @@ def main(argv: list[str] | None = None) -> int:
         report["plain"] = plain_batch(loop, prompt, args.active, args.tokens)
         report["plain_with_room"] = plain_batch(loop, prompt, args.active + 1, args.tokens)
         svc.start_web("web")
-        rows = args.active + args.room
+        # Auto: the keeper's window is the worker's rows less the one it keeps for interactive requests.
+        rows = args.active + (1 if args.auto else args.room)
         svc.use_worker("threads", rows, rows)
         report["service"] = asyncio.run(measure(svc, args, model))
     finally:

@@ -324,9 +324,10 @@ LMSP_FILES_DIR = _env_path("LMSP_FILES_DIR", DATA_DIR / "files")
 LMSP_MAX_FILE_BYTES = _env_int("LMSP_MAX_FILE_BYTES", 200 * 1024 * 1024)
 # Most lines one batch's input file may hold (OpenAI's limit).
 LMSP_BATCH_MAX_LINES = _env_int("LMSP_BATCH_MAX_LINES", 50_000)
-# Batch lines that may be tasks at once, across all batches: the rows of the engines batches may take,
-# the rest staying free for interactive requests (docs/decisions/0017-batches.md).
-LMSP_BATCH_ACTIVE_LINES = _env_int_at_least("LMSP_BATCH_ACTIVE_LINES", 8, 1)
+# Batch lines that may be tasks at once, across all batches (docs/decisions/0017-batches.md). 0 (the
+# default): the rows of the online workers (their reports) less one each, left for interactive requests, and
+# less the tasks already queued or running; 8 while no worker reports itself. A number: that many, fixed.
+LMSP_BATCH_ACTIVE_LINES = _env_int_at_least("LMSP_BATCH_ACTIVE_LINES", 0, 0)
 # How often each web process's batch keeper looks at the unfinished batches (feeds lines, writes results).
 LMSP_BATCH_POLL_SECONDS = _env_float("LMSP_BATCH_POLL_SECONDS", 0.5)
 # Tasks allowed to wait in `queued` at once; more -> 429 queue_full.

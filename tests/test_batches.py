@@ -13,15 +13,32 @@ import io
 import json
 import os
 import socket
+import time
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import openai
 import pytest
+from django.utils import timezone
 
-from tasks_app.models import Batch, BatchLine, File, WebhookDelivery, WebhookEndpoint
+from tasks_app.models import (
+    Batch,
+    BatchLine,
+    File,
+    WebhookDelivery,
+    WebhookEndpoint,
+    WorkerNode,
+    WorkerNodeState,
+)
+from tasks_app.registry.scan import model_scan
+from tasks_app.selectors.workers import worker_rows_online
+from tasks_app.services.workers import worker_node_report
+from tests.support.db import database_url
 from tests.support.demo import ENDLESS_MODEL
+from tests.support.namespace import REDIS_PREFIX
 from tests.support.server import uvicorn_process
+from tests.support.tasks import create
 from tests.support.waiting import wait_until
 from tests.support.worker import kill_process_group
 
@@ -131,6 +148,14 @@ def test_responses_and_chat_batches_write_every_line_once_invalid_lines_in_the_e
         for row in output:
             body = row["response"]["body"]
             assert body["object"] == ("chat.completion" if created is second else "response")
+        # The batch's usage is its lines' usage, summed (a refused line used nothing).
+        usages = [row["response"]["body"]["usage"] for row in output]
+        if created is second:
+            spent = sum(u["prompt_tokens"] for u in usages), sum(u["completion_tokens"] for u in usages)
+        else:
+            spent = sum(u["input_tokens"] for u in usages), sum(u["output_tokens"] for u in usages)
+        assert (batch.usage.input_tokens, batch.usage.output_tokens) == spent and spent[1] > 0
+        assert batch.usage.total_tokens == sum(spent)
         assert sdk.files.retrieve(batch.output_file_id).purpose == "batch_output"
     by_id = {row["custom_id"]: row for row in results(sdk, sdk.batches.retrieve(first.id).error_file_id)}
     assert by_id["r-unknown-model"]["response"]["body"]["error"]["code"] == "model_not_found"
@@ -326,3 +351,65 @@ def test_a_worker_and_a_web_process_killed_mid_batch_lose_no_line_and_write_none
             )
     events = [json.loads(row.payload) for row in WebhookDelivery.objects.all()]
     assert sorted(event["data"]["id"] for event in events) == sorted(batch.id for batch in created)
+
+
+def _report_worker(name: str, rows: int) -> None:
+    worker_node_report(
+        name=name,
+        hostname="host",
+        pid=1,
+        pool="threads",
+        state=WorkerNodeState.ONLINE,
+        started_at=timezone.now(),
+        max_rows=rows,
+        engines=[],
+    )
+
+
+def test_a_batch_takes_the_online_workers_rows_less_one_each_and_leaves_room_for_interactive_requests(
+    transactional_db, api, worker_models_root: Path, settings
+):
+    """LMSP_BATCH_ACTIVE_LINES 0 (the default): as many lines are tasks at once as the workers that report
+    themselves online have rows, less one row each and less every other task queued or running."""
+    # No worker consumes this queue: whatever the keeper sends stays queued, so its window is what it sent.
+    env = {
+        "REDIS_URL": settings.REDIS_URL,
+        "LMSP_REDIS_PREFIX": REDIS_PREFIX,
+        "LMSP_TASK_QUEUE": f"{REDIS_PREFIX}-nobody",
+        "LMSP_MODELS_DIR": str(worker_models_root),
+        "LMSP_BATCH_POLL_SECONDS": "0.1",
+        "LMSP_WORKER_SILENT_SECONDS": "60",
+    }
+    settings.LMSP_WORKER_SILENT_SECONDS = 60
+    settings.LMSP_TASK_QUEUE = env["LMSP_TASK_QUEUE"]
+    model_scan(models_dir=worker_models_root)
+    # The suite's shared workers, if this process started any, report themselves too: their free rows count.
+    rows, workers = worker_rows_online()
+    theirs = max(0, rows - workers)
+    _report_worker("one@host", 4)
+
+    def sent() -> int:
+        return BatchLine.objects.filter(state="sent").count()
+
+    def settles_at(count: int) -> None:
+        wait_until(lambda: sent() == count, what=lambda: f"{sent()} lines sent, not {count}", timeout=30)
+        time.sleep(0.5)  # five more rounds of the keeper: it sends no more
+        assert sent() == count
+
+    with uvicorn_process(database_url(), env) as web:
+        sdk = sdk_for(web.base, api.token)
+        items = [line(f"l{n}", "/v1/responses", {"model": "demo", "input": "x", **SMALL}) for n in range(12)]
+        sdk.batches.create(
+            input_file_id=upload(sdk, jsonl(items)).id, endpoint="/v1/responses", completion_window="24h"
+        )
+        settles_at(theirs + 3)  # 4 rows, one kept for interactive requests
+
+        interactive = create(api, max_output_tokens=5)["id"]
+        _report_worker("two@host", 4)
+        settles_at(theirs + 5)  # 8 rows less 2 kept, less the interactive task: 5 lines
+
+        # A worker that went silent no longer counts.
+        WorkerNode.objects.filter(pk="two@host").update(reported_at=timezone.now() - timedelta(seconds=120))
+        assert api.post(f"/lmsp/v1/tasks/{interactive}/cancel").json()["status"] == "cancelled"
+        time.sleep(0.5)
+        assert sent() == theirs + 5  # more lines queued than one worker of 4 rows can run: none sent, none taken back

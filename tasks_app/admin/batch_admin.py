@@ -18,6 +18,7 @@ class BatchAdmin(ReadOnlyAdmin):
     ordering = ("-id",)
     fields = (
         *("id", "client", "endpoint", "model", "status", "progress", "errors", "metadata"),
+        *("input_tokens", "cached_tokens", "output_tokens"),
         *("input_file_id", "output_file_id", "error_file_id", "output_lines", "error_lines"),
         *("created_at", "in_progress_at", "expires_at", "finalizing_at", "completed_at", "failed_at"),
         *("expired_at", "cancelling_at", "cancelled_at"),

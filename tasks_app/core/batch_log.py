@@ -38,11 +38,26 @@ O = BatchLineOutcome  # noqa: E741
 _SUCCEEDED = {ResponseStatus.COMPLETED, ResponseStatus.INCOMPLETE}
 
 
-def _counted(batch_id: str, outcomes: Counter[str]) -> None:
+def _counted(batch_id: str, outcomes: Counter[str], tokens: Counter[str] | None = None) -> None:
     completed = outcomes[O.COMPLETED]
     failed = sum(outcomes.values()) - completed
     if completed or failed:
-        Batch.objects.filter(pk=batch_id).update(completed=F("completed") + completed, failed=F("failed") + failed)
+        grown = {column: F(column) + count for column, count in (tokens or {}).items() if count}
+        Batch.objects.filter(pk=batch_id).update(
+            completed=F("completed") + completed, failed=F("failed") + failed, **grown
+        )
+
+
+def _tokens(usage: Mapping[str, Any] | None) -> Counter[str]:
+    """A line's usage as the batch's token columns (a task that ended before its prompt was counted: none)."""
+    if not usage:
+        return Counter()
+    details = usage.get("input_tokens_details") or {}
+    return Counter(
+        input_tokens=int(usage.get("input_tokens") or 0),
+        cached_tokens=int(details.get("cached_tokens") or 0),
+        output_tokens=int(usage.get("output_tokens") or 0),
+    )
 
 
 def batch_lines_end(
@@ -74,14 +89,16 @@ def batch_lines_settle(*, ends: Sequence[tuple[str, Response]], now: datetime) -
         return
     statuses = dict(Batch.objects.filter(pk__in={batch for _, batch, _ in lines}).values_list("pk", "status"))
     counts: dict[str, Counter[str]] = {}
+    tokens: dict[str, Counter[str]] = {}
     for pk, batch_id, task_id in lines:
         outcome = _outcome(by_task[task_id].status, statuses.get(batch_id))
         if BatchLine.objects.filter(pk=pk, state=BatchLineState.SENT).update(
             state=BatchLineState.ENDED, outcome=outcome
         ):
             counts.setdefault(batch_id, Counter())[outcome] += 1
+            tokens.setdefault(batch_id, Counter()).update(_tokens(by_task[task_id].usage))
     for batch_id, outcomes in counts.items():
-        _counted(batch_id, outcomes)
+        _counted(batch_id, outcomes, tokens.get(batch_id))
     if counts:
         # The keeper sends the next lines and writes these results now, not at its next poll.
         batch_lines_ended_on_commit()

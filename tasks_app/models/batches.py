@@ -71,6 +71,10 @@ class Batch(models.Model):
     total = models.IntegerField(default=0)
     completed = models.IntegerField(default=0)
     failed = models.IntegerField(default=0)
+    # The tokens of every line that ran (its task's usage, added in its terminal transaction).
+    input_tokens = models.BigIntegerField(default=0)
+    cached_tokens = models.BigIntegerField(default=0)
+    output_tokens = models.BigIntegerField(default=0)
     output_file_id = models.CharField(max_length=31, blank=True, default="")
     error_file_id = models.CharField(max_length=31, blank=True, default="")
     # How much of each file the writer made durable: the bytes past these are not vouched for.

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db.models import Count, Q
+from django.db.models import Count, Q, Sum
 from django.utils import timezone
 
 from tasks_app import states
@@ -64,3 +64,12 @@ def worker_node_liveness(*, node: WorkerNode, now: datetime | None = None) -> st
     if worker_node_report_age(node=node, now=now) > settings.LMSP_WORKER_SILENT_SECONDS:
         return "silent"
     return str(node.state)
+
+
+def worker_rows_online(*, now: datetime | None = None) -> tuple[int, int]:
+    """The rows of the task workers that report themselves online now, and how many such workers there are."""
+    fresh = (now or timezone.now()) - timedelta(seconds=settings.LMSP_WORKER_SILENT_SECONDS)
+    totals = WorkerNode.objects.filter(state=WorkerNodeState.ONLINE, reported_at__gte=fresh).aggregate(
+        rows=Sum("max_rows"), nodes=Count("pk")
+    )
+    return int(totals["rows"] or 0), int(totals["nodes"] or 0)

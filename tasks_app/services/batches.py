@@ -5,10 +5,11 @@ translated by the adapter (``tasks_app.openai.batches.lines``): a file with a
 bad line fails validation as a whole, as OpenAI's does; a line whose request
 the adapter refused is a failed line of the error file.
 
-A line becomes a task only when the keeper (``batches_advance``) sends it:
-at most ``LMSP_BATCH_ACTIVE_LINES`` lines across all batches are tasks at
-once, oldest batch first, so batches fill the engine's rows that interactive
-requests leave free and a 10,000-line batch is 10,000 rows, not 10,000
+A line becomes a task only when the keeper (``batches_advance``) sends it,
+oldest batch first, while the engines have free rows (``_room``: the online
+workers' rows less one each, kept for interactive requests, less the tasks
+queued or running; or a fixed ``LMSP_BATCH_ACTIVE_LINES``), so batches fill
+the engine's rows that interactive requests leave free and a 10,000-line batch is 10,000 rows, not 10,000
 messages (docs/decisions/0017-batches.md). Each round the keeper also writes
 the ended lines' results (``services/batch_output``), winds a cancelled or
 expired batch down, and ends a batch whose every line is written, with its
@@ -41,6 +42,7 @@ from tasks_app.models.batches import BATCH_ACTIVE, BATCH_CANCEL_UNDER_WAY, BATCH
 from tasks_app.plumbing.channel_wakeups import ChannelWakeups
 from tasks_app.plumbing.notify import batches_channel
 from tasks_app.selectors.tasks import model_get_by_name
+from tasks_app.selectors.workers import worker_rows_online
 from tasks_app.services.batch_output import ERRORS, OUTPUT, LeaseLost, LineRender, batch_files_write
 from tasks_app.services.dispatch import task_dispatch_on_commit
 from tasks_app.services.files import file_output_create, file_staging_sweep
@@ -54,6 +56,8 @@ COMPLETION_WINDOWS = {"24h": timedelta(hours=24)}
 # How long a keeper holds a batch: far longer than one round, so that only a dead keeper loses it.
 LEASE_SECONDS = 60
 INSERT_PAGE = 1000
+# Lines at once while no worker reports its rows (LMSP_WORKER_REPORT_SECONDS 0, or none started yet).
+_UNREPORTED_WINDOW = 8
 # The statuses a batch ends in, from the status it ends from, with the webhook event of each.
 _ENDS = {B.IN_PROGRESS: B.COMPLETED, B.CANCELLING: B.CANCELLED, B.FINALIZING: B.EXPIRED}
 _END_COLUMN = {B.COMPLETED: "completed_at", B.CANCELLED: "cancelled_at", B.EXPIRED: "expired_at"}
@@ -157,8 +161,7 @@ def batches_advance(*, render: LineRender) -> int:
     )
     if not ids:
         return 0
-    sent = BatchLine.objects.filter(batch_id__in=ids, state=BatchLineState.SENT).count()
-    room = max(0, settings.LMSP_BATCH_ACTIVE_LINES - sent)
+    room = _room(BatchLine.objects.filter(batch_id__in=ids, state=BatchLineState.SENT).count())
     done = 0
     for batch_id in ids:
         token = _lease(batch_id)
@@ -173,6 +176,23 @@ def batches_advance(*, render: LineRender) -> int:
         finally:
             Batch.objects.filter(pk=batch_id, lease_token=token).update(lease_token="", lease_expires_at=None)
     return done
+
+
+def _room(sent: int) -> int:
+    """How many more lines may become tasks now, ``sent`` being the lines that are tasks not yet ended.
+
+    A fixed ``LMSP_BATCH_ACTIVE_LINES`` bounds the lines alone. Otherwise the lines take the engines' free
+    rows: the online workers' rows less one each, which an interactive request then always finds free (its
+    first token waits for the step under way, not for a line to end), less every task queued or running
+    (the lines' own included). A single row still runs one line at a time, so a batch always moves.
+    """
+    if settings.LMSP_BATCH_ACTIVE_LINES:
+        return max(0, settings.LMSP_BATCH_ACTIVE_LINES - sent)
+    rows, workers = worker_rows_online()
+    if not workers:
+        return max(0, _UNREPORTED_WINDOW - sent)
+    active = Task.objects.filter(status__in=[str(s) for s in states.ACTIVE]).count()
+    return max(0, max(1, rows - workers) - active, 1 - sent)
 
 
 def _lease(batch_id: str) -> str | None:

@@ -14,8 +14,8 @@ from drf_spectacular.utils import extend_schema_serializer
 from rest_framework import serializers
 
 from tasks_app.api.pagination import ListQuerySerializer
-from tasks_app.api.schema_components import _PageSchema
-from tasks_app.core.wire import unix_seconds
+from tasks_app.api.schema_components import UsageSchema, _PageSchema
+from tasks_app.core.wire import unix_seconds, usage_object
 from tasks_app.edge.strict_json import StrictCharField, StrictChoiceField, StrictSerializer
 from tasks_app.ids import BATCH_PREFIX
 from tasks_app.models import Batch, BatchStatus
@@ -74,6 +74,7 @@ def batch_object(batch: Batch) -> dict[str, Any]:
         "cancelling_at": _seconds(batch.cancelling_at),
         "cancelled_at": _seconds(batch.cancelled_at),
         "request_counts": {"total": batch.total, "completed": batch.completed, "failed": batch.failed},
+        "usage": usage_object(batch.input_tokens, batch.output_tokens, cached_tokens=batch.cached_tokens),
         "metadata": batch.metadata or None,
     }
 
@@ -131,6 +132,7 @@ class BatchSchema(serializers.Serializer):
     cancelling_at = serializers.IntegerField(allow_null=True)
     cancelled_at = serializers.IntegerField(allow_null=True)
     request_counts = BatchRequestCountsSchema()
+    usage = UsageSchema(help_text="The tokens of every line that ran, grown as each line ends.")
     metadata = serializers.DictField(child=serializers.CharField(), allow_null=True)
 
 

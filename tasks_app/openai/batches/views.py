@@ -57,8 +57,9 @@ class BatchCollectionView(ScopedAPIView):
         summary="Create a batch from an uploaded file",
         description="The file is validated at once: a bad line (not JSON, no or a repeated `custom_id`, another "
         "`url` than `endpoint`) fails the batch (`failed`, `errors` names the lines); a line whose request is "
-        "refused is a failed line of the error file. The rest run as durable tasks, at most "
-        "LMSP_BATCH_ACTIVE_LINES at a time, below interactive requests. docs/batches.md.",
+        "refused is a failed line of the error file. The rest run as durable tasks in the workers' free rows, "
+        "one row of each worker kept for interactive requests (or LMSP_BATCH_ACTIVE_LINES at a time). "
+        "docs/batches.md.",
         request=BatchCreateInputSerializer,
         responses={200: OpenApiResponse(BatchSchema, description="`in_progress`, or `failed` validation.")},
         problems=[exc.InvalidRequest, exc.FileNotFound, exc.DatabaseBusy],
