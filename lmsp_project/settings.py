@@ -322,6 +322,9 @@ LMSP_MAX_REQUEST_BYTES = _env_int("LMSP_MAX_REQUEST_BYTES", 1024 * 1024)
 LMSP_FILES_DIR = _env_path("LMSP_FILES_DIR", DATA_DIR / "files")
 # Largest file accepted by POST /files, in bytes (OpenAI's limit for a batch's input); larger -> 413.
 LMSP_MAX_FILE_BYTES = _env_int("LMSP_MAX_FILE_BYTES", 200 * 1024 * 1024)
+# Files (uploads and batches' output and error files) older than this are deleted with their bytes, never
+# the input of a batch that has not ended. 0 (the default): kept until deleted, as OpenAI keeps uploads.
+LMSP_FILE_RETENTION_SECONDS = _env_int("LMSP_FILE_RETENTION_SECONDS", 0)
 # Most lines one batch's input file may hold (OpenAI's limit).
 LMSP_BATCH_MAX_LINES = _env_int("LMSP_BATCH_MAX_LINES", 50_000)
 # Batch lines that may be tasks at once, across all batches (docs/decisions/0017-batches.md). 0 (the

@@ -19,9 +19,13 @@ from tasks_app.core.webhook_outbox import TaskEnd, webhook_deliveries_enqueue
 from tasks_app.exceptions import ServerRestarted
 from tasks_app.generation.spec import Turn
 from tasks_app.models import (
+    Batch,
+    BatchStatus,
     Client,
     Conversation,
     ConversationItem,
+    File,
+    FilePurpose,
     IdempotencyKey,
     PairingCode,
     Response,
@@ -33,6 +37,7 @@ from tasks_app.models import (
 )
 from tasks_app.services.clients import pairing_code_create, pairing_code_redeem
 from tasks_app.services.conversations import ConversationEntry, conversation_create
+from tasks_app.services.files import file_create, file_path, file_staging_path
 from tasks_app.services.idempotency import idempotency_claim, request_digest
 from tasks_app.services.retention import CleanupSummary, retention_cleanup
 from tasks_app.services.webhooks import webhook_endpoint_create
@@ -344,6 +349,40 @@ def test_idle_conversations_go_with_their_items_only_when_asked_and_never_one_a_
     assert not ConversationItem.objects.filter(conversation_id=idle.pk).exists()
 
 
+def _stored_file(client: Client, data: bytes) -> File:
+    staged = file_staging_path()
+    staged.write_bytes(data)
+    return file_create(
+        client=client, filename="lines.jsonl", purpose=FilePurpose.BATCH, staged=staged, size=len(data), sha256="0"
+    )
+
+
+def test_old_files_go_with_their_bytes_only_when_asked_never_a_running_batchs_input(owner, settings, tmp_path):
+    client, _ = owner
+    settings.LMSP_FILES_DIR = tmp_path / "files"
+    old, reading, fresh = (_stored_file(client, b"{}\n") for _ in range(3))
+    assert old.expires_at is None  # kept until deleted: no expiry to show
+    now = timezone.now()
+    Batch.objects.create(
+        id="batch_01J0000000000000000000000A",
+        client=client,
+        endpoint="/v1/responses",
+        input_file_id=reading.id,
+        status=BatchStatus.IN_PROGRESS,
+        created_at=now,
+        expires_at=now + timedelta(hours=24),
+    )
+    File.objects.filter(pk__in=[old.pk, reading.pk]).update(created_at=now - timedelta(days=40))
+
+    assert retention_cleanup().files == 0
+    settings.LMSP_FILE_RETENTION_SECONDS = 30 * 24 * 3600
+    assert retention_cleanup(batch_size=1).files == 1
+    assert set(File.objects.values_list("pk", flat=True)) == {reading.pk, fresh.pk}
+    assert not file_path(old).exists() and file_path(reading).exists()
+    # With a retention, a new file says when it goes.
+    assert _stored_file(client, b"{}\n").expires_at is not None
+
+
 def test_the_command_prints_its_summary(owner):
     client, _ = owner
     task = make_task(client, S.CANCELLED)
@@ -355,7 +394,7 @@ def test_the_command_prints_its_summary(owner):
     call_command("lmsp_cleanup", "--batch-size", "1", stdout=out)
     assert out.getvalue() == (
         "deleted 2 events, 1 task (1 response, 0 snapshots), 0 idempotency keys, 1 pairing code, 0 webhook deliveries, "
-        "0 conversations\n"
+        "0 conversations, 0 files\n"
     )
     assert not Task.objects.filter(pk=task.pk).exists()
 
@@ -363,7 +402,7 @@ def test_the_command_prints_its_summary(owner):
     call_command("lmsp_cleanup", stdout=again)
     assert again.getvalue() == (
         "deleted 0 events, 0 tasks (0 responses, 0 snapshots), 0 idempotency keys, 0 pairing codes, "
-        "0 webhook deliveries, 0 conversations\n"
+        "0 webhook deliveries, 0 conversations, 0 files\n"
     )
     with pytest.raises(CommandError):
         call_command("lmsp_cleanup", "--batch-size", "0", stdout=StringIO())

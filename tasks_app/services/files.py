@@ -14,6 +14,7 @@ import logging
 import os
 import secrets
 import time
+from datetime import datetime, timedelta
 from pathlib import Path
 
 from django.conf import settings
@@ -62,6 +63,33 @@ def file_staging_sweep(*, older_than_seconds: int = STAGING_MAX_AGE_SECONDS) -> 
     return removed
 
 
+def _expires_at(created_at: datetime) -> datetime | None:
+    """When the retention cleanup deletes a file made now (None: kept until deleted)."""
+    keep = settings.LMSP_FILE_RETENTION_SECONDS
+    return created_at + timedelta(seconds=keep) if keep > 0 else None
+
+
+def files_expire(*, now: datetime, size: int) -> list[File]:
+    """Delete up to ``size`` files older than ``LMSP_FILE_RETENTION_SECONDS`` (0: none), never the input of a
+    batch that has not ended; returns them, their rows gone (the caller removes their bytes, ``file_bytes_remove``)."""
+    if settings.LMSP_FILE_RETENTION_SECONDS <= 0:
+        return []
+    cutoff = now - timedelta(seconds=settings.LMSP_FILE_RETENTION_SECONDS)
+    reading = Batch.objects.filter(status__in=[str(s) for s in BATCH_ACTIVE]).values("input_file_id")
+    old = File.objects.filter(created_at__lt=cutoff).exclude(pk__in=reading)
+    with transaction.atomic():
+        files = list(old.order_by("created_at")[:size])
+        File.objects.filter(pk__in=[file.pk for file in files]).delete()
+    return files
+
+
+def file_bytes_remove(files: list[File]) -> None:
+    """Remove the bytes of files whose rows are gone (a crash between the two leaves bytes no row names, which
+    are only disk, never a file a client can read)."""
+    for file in files:
+        file_path(file).unlink(missing_ok=True)
+
+
 def file_create(*, client: Client, filename: str, purpose: FilePurpose, staged: Path, size: int, sha256: str) -> File:
     """Keep a staged upload as the client's file: renamed into place, then its row; neither if either fails."""
     file_id = new_file_id()
@@ -76,7 +104,8 @@ def file_create(*, client: Client, filename: str, purpose: FilePurpose, staged: 
             bytes=size,
             sha256=sha256,
             path=file_id,
-            created_at=timezone.now(),
+            created_at=(now := timezone.now()),
+            expires_at=_expires_at(now),
         )
     except BaseException:
         final.unlink(missing_ok=True)
@@ -99,7 +128,8 @@ def file_output_create(*, client_id: int, batch_id: str, name: str, path: str) -
         bytes=full.stat().st_size,
         sha256=digest.hexdigest(),
         path=path,
-        created_at=timezone.now(),
+        created_at=(now := timezone.now()),
+        expires_at=_expires_at(now),
     )
 
 

@@ -52,6 +52,7 @@ from tasks_app.models import (
 )
 from tasks_app.plumbing.db_locks import busy_as_unavailable, lock_wait
 from tasks_app.plumbing.querying import status_in
+from tasks_app.services.files import file_bytes_remove, files_expire
 from tasks_app.services.workers import worker_nodes_forget
 from tasks_app.states import RESPONSE_UNFINISHED
 
@@ -70,6 +71,7 @@ class CleanupSummary:
     pairing_codes: int = 0
     webhook_deliveries: int = 0
     conversations: int = 0
+    files: int = 0
 
     @property
     def total(self) -> int:
@@ -82,6 +84,7 @@ class CleanupSummary:
             + self.pairing_codes
             + self.webhook_deliveries
             + self.conversations
+            + self.files
         )
 
     def describe(self) -> str:
@@ -97,7 +100,8 @@ class CleanupSummary:
             f"{count(self.idempotency_keys, 'idempotency key', 'idempotency keys')}, "
             f"{count(self.pairing_codes, 'pairing code', 'pairing codes')}, "
             f"{count(self.webhook_deliveries, 'webhook delivery', 'webhook deliveries')}, "
-            f"{count(self.conversations, 'conversation', 'conversations')}"
+            f"{count(self.conversations, 'conversation', 'conversations')}, "
+            f"{count(self.files, 'file', 'files')}"
         )
 
 
@@ -124,7 +128,7 @@ def retention_cleanup(*, now: datetime | None = None, batch_size: int | None = N
     tasks_cutoff = now - task_retention
 
     events = tasks = responses = snapshots = cascaded_events = idempotency_keys = pairing_codes = deliveries = 0
-    conversations = 0
+    conversations = files = 0
     deliveries_cutoff = now - timedelta(seconds=settings.LMSP_WEBHOOK_RETENTION_SECONDS)
     ended_deliveries = [WebhookDeliveryStatus.DELIVERED, WebhookDeliveryStatus.FAILED]
     # A writer frozen inside its transaction (SQLite: the write lock) is not waited on for long: what
@@ -152,6 +156,9 @@ def retention_cleanup(*, now: datetime | None = None, batch_size: int | None = N
                 size=size,
             )
             conversations = _delete_idle_conversations(now=now, size=size)
+            while expired := files_expire(now=now, size=size):
+                file_bytes_remove(expired)
+                files += len(expired)
             # A handful of rows, one per node: the admin's workers page forgets a node gone this long.
             worker_nodes_forget(before=now - timedelta(seconds=settings.LMSP_WORKER_NODE_RETENTION_SECONDS))
     except DatabaseBusy:
@@ -165,6 +172,7 @@ def retention_cleanup(*, now: datetime | None = None, batch_size: int | None = N
         pairing_codes=pairing_codes,
         webhook_deliveries=deliveries,
         conversations=conversations,
+        files=files,
     )
     if summary.total:
         logger.info("retention cleanup: %s", summary.describe())
