@@ -9,8 +9,8 @@ A line becomes a task only when the keeper (``batches_advance``) sends it,
 oldest batch first, while the engines have free rows (``_room``: the online
 workers' rows less one each, kept for interactive requests, less the tasks
 queued or running; or a fixed ``LMSP_BATCH_ACTIVE_LINES``), so batches fill
-the engine's rows that interactive requests leave free and a 10,000-line batch is 10,000 rows, not 10,000
-messages (docs/decisions/0017-batches.md). Each round the keeper also writes
+the engine's rows that interactive requests leave free and a 10,000-line
+batch is 10,000 rows, not 10,000 messages (docs/decisions/0017-batches.md). Each round the keeper also writes
 the ended lines' results (``services/batch_output``), winds a cancelled or
 expired batch down, and ends a batch whose every line is written, with its
 webhook event, in one transaction.
