@@ -25,14 +25,16 @@ from django.utils import timezone
 from tasks_app import states
 from tasks_app.core import lifecycle
 from tasks_app.exceptions import QueueFull, ServerRestarted
-from tasks_app.models import Task
+from tasks_app.models import Batch, BatchStatus, Task, WorkerNodeState
 from tasks_app.plumbing.notify import key, redis_client
 from tasks_app.plumbing.querying import status_in
 from tasks_app.selectors import tasks as selectors
+from tasks_app.services.batches import batches_advance
 from tasks_app.services.dispatch import queued_tasks_sweep
 from tasks_app.services.recovery import LiveWorkers, abandoned_tasks_reap, leftover_tasks_recover
 from tasks_app.services.retention import retention_cleanup
 from tasks_app.services.tasks import task_accept
+from tasks_app.services.workers import worker_node_report
 from tasks_app.states import RestartPolicy, TaskStatus
 from tests.support import moves
 from tests.support.specs import spec_json, spec_of
@@ -123,6 +125,38 @@ def test_the_queue_limit_counts_only_queued_tasks_through_the_active_index(make_
     assert Task.objects.get(pk=accepted.id).status == S.QUEUED
     with pytest.raises(QueueFull), transaction.atomic():
         task_accept(client=client, request=request, spec=spec_of(request), on_restart=RestartPolicy.FAIL)
+
+    assert_read_through("task_active", tasks_selects(captured, "SELECT COUNT(*)"))
+
+
+def test_the_batch_keepers_window_counts_the_active_tasks_through_the_active_index(make_task, make_client):
+    for status in (S.QUEUED, S.RUNNING, S.SUCCEEDED, S.FAILED, S.CANCELLED):
+        make_task(status)
+    client, _ = make_client()
+    now = timezone.now()
+    # A worker that reports its rows: the window is those rows less what runs, counted each round.
+    worker_node_report(
+        name="w@host",
+        hostname="host",
+        pid=1,
+        pool="threads",
+        state=WorkerNodeState.ONLINE,
+        started_at=now,
+        max_rows=4,
+        engines=[],
+    )
+    Batch.objects.create(
+        id="batch_01J0000000000000000000000B",
+        client=client,
+        endpoint="/v1/responses",
+        input_file_id="file-x",
+        status=BatchStatus.IN_PROGRESS,
+        created_at=now,
+        expires_at=now + timedelta(hours=24),
+    )
+
+    with statements() as captured:
+        batches_advance(render=lambda endpoint, response: response)
 
     assert_read_through("task_active", tasks_selects(captured, "SELECT COUNT(*)"))
 

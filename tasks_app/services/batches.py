@@ -41,6 +41,7 @@ from tasks_app.models import Batch, BatchLine, BatchLineOutcome, BatchLineState,
 from tasks_app.models.batches import BATCH_ACTIVE, BATCH_CANCEL_UNDER_WAY, BATCH_CANCELABLE
 from tasks_app.plumbing.channel_wakeups import ChannelWakeups
 from tasks_app.plumbing.notify import batches_channel
+from tasks_app.plumbing.querying import status_in
 from tasks_app.selectors.tasks import model_get_by_name
 from tasks_app.selectors.workers import worker_rows_online
 from tasks_app.services.batch_output import ERRORS, OUTPUT, LeaseLost, LineRender, batch_files_write
@@ -191,7 +192,7 @@ def _room(sent: int) -> int:
     rows, workers = worker_rows_online()
     if not workers:
         return max(0, _UNREPORTED_WINDOW - sent)
-    active = Task.objects.filter(status__in=[str(s) for s in states.ACTIVE]).count()
+    active = Task.objects.filter(status_in(states.ACTIVE)).count()
     return max(0, max(1, rows - workers) - active, 1 - sent)
 
 
