@@ -29,6 +29,8 @@ class OutageProxy:
         self._listener: socket.socket | None = None
         self.connections = 0
         self._pattern: bytes | None = None
+        # Set from the moment the pattern is seen until up(): no answer reaches a client any more.
+        self._mute = False
         self.went_down = threading.Event()
         self.up()
 
@@ -36,10 +38,12 @@ class OutageProxy:
         """Go down the moment a client sends ``pattern`` (forwarded first): its statement gets no answer."""
         with self._lock:
             self._pattern = pattern
+            self._mute = False
             self.went_down.clear()
 
     def up(self) -> None:
         with self._lock:
+            self._mute = False
             if self._listener is not None:
                 return
             listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -85,18 +89,24 @@ class OutageProxy:
                     return
                 self._open |= {client, server}
                 self.connections += 1
-            for source, sink in ((client, server), (server, client)):
-                threading.Thread(target=self._pump, args=(source, sink), daemon=True).start()
+            for source, sink, answers in ((client, server, False), (server, client, True)):
+                threading.Thread(target=self._pump, args=(source, sink, answers), daemon=True).start()
 
-    def _pump(self, source: socket.socket, sink: socket.socket) -> None:
+    def _pump(self, source: socket.socket, sink: socket.socket, answers: bool) -> None:
         try:
             while data := source.recv(65536):
-                sink.sendall(data)
-                pattern = self._pattern
+                if answers and self._mute:
+                    break
+                pattern = None if answers else self._pattern
                 if pattern is not None and pattern in data:
-                    self._pattern = None
+                    # Muted before the statement is forwarded: on a loaded machine the server's answer was
+                    # once relayed between the forward and down(), and the statement "got no answer" too late.
+                    self._pattern, self._mute = None, True
+                    sink.sendall(data)
                     self.down()
                     self.went_down.set()
+                    break
+                sink.sendall(data)
         except OSError:
             pass
         for sock in (source, sink):
