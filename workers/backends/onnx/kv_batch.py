@@ -30,9 +30,9 @@ from collections.abc import Sequence
 
 import numpy as np
 import onnxruntime as ort
-from onnx import TensorProto, helper
 
 from workers.backends.errors import GenerationError
+from workers.backends.onnx import graph_proto as g
 from workers.backends.onnx.error_text import one_line
 from workers.backends.onnx.runtime import ModelRuntime
 from workers.backends.onnx.session import open_helper_session
@@ -43,40 +43,39 @@ log = logging.getLogger(__name__)
 # Opset 13 and IR 8, as the last-row graph: old enough for every onnxruntime this project pins.
 _OPSET = 13
 _IR_VERSION = 8
-_ELEMENT = {np.float32: TensorProto.FLOAT, np.float16: TensorProto.FLOAT16}
+_ELEMENT = {np.float32: g.FLOAT, np.float16: g.FLOAT16}
 
 
-def _cache_type(element: int, tag: str) -> object:
+def _cache(name: str, element: int, tag: str) -> bytes:
     # Distinct dimension names per tensor: onnxruntime takes equal names for equal sizes (and reuses buffers so).
-    return helper.make_tensor_type_proto(element, [f"{tag}_rows", "heads", f"{tag}_length", "head_dim"])
+    return g.tensor_value(name, element, [f"{tag}_rows", "heads", f"{tag}_length", "head_dim"])
 
 
-def _model(nodes: list, inputs: list, outputs: list, name: str) -> bytes:
-    graph = helper.make_graph(nodes, name, inputs, outputs)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", _OPSET)], ir_version=_IR_VERSION)
-    return model.SerializeToString()
+def _model(nodes: list[g.Node], inputs: list[bytes], outputs: list[bytes], name: str) -> bytes:
+    return g.model(nodes, name, inputs, outputs, opset=_OPSET, ir_version=_IR_VERSION)
 
 
 def take_graph(tensors: int, element: int, axis: int) -> bytes:
     """``cache_i`` -> ``Gather(cache_i, index, axis)`` for every cache tensor at once."""
-    index = helper.make_tensor_value_info("index", TensorProto.INT64, ["kept"])
-    inputs = [helper.make_value_info(f"cache_{i}", _cache_type(element, "in")) for i in range(tensors)]
-    outputs = [helper.make_value_info(f"out_{i}", _cache_type(element, "out")) for i in range(tensors)]
-    nodes = [helper.make_node("Gather", [f"cache_{i}", "index"], [f"out_{i}"], axis=axis) for i in range(tensors)]
+    index = g.tensor_value("index", g.INT64, ["kept"])
+    inputs = [_cache(f"cache_{i}", element, "in") for i in range(tensors)]
+    outputs = [_cache(f"out_{i}", element, "out") for i in range(tensors)]
+    nodes = [g.node("Gather", [f"cache_{i}", "index"], [f"out_{i}"], axis=axis) for i in range(tensors)]
     return _model(nodes, [*inputs, index], outputs, f"take_axis_{axis}")
 
 
 def merge_graph(tensors: int, element: int) -> bytes:
     """``(a_i, b_i)`` -> ``Concat(Pad(a_i, pad_a), Pad(b_i, pad_b), axis=0)``: zeros on the right of the length axis."""
-    pads = [helper.make_tensor_value_info(name, TensorProto.INT64, [8]) for name in ("pad_a", "pad_b")]
-    inputs, outputs, nodes = [], [], []
+    pads = [g.tensor_value(name, g.INT64, [8]) for name in ("pad_a", "pad_b")]
+    inputs: list[bytes] = []
+    outputs: list[bytes] = []
+    nodes: list[g.Node] = []
     for i in range(tensors):
-        inputs += [helper.make_value_info(f"a_{i}", _cache_type(element, "a"))]
-        inputs += [helper.make_value_info(f"b_{i}", _cache_type(element, "b"))]
-        outputs.append(helper.make_value_info(f"out_{i}", _cache_type(element, "out")))
-        nodes.append(helper.make_node("Pad", [f"a_{i}", "pad_a"], [f"pa_{i}"]))
-        nodes.append(helper.make_node("Pad", [f"b_{i}", "pad_b"], [f"pb_{i}"]))
-        nodes.append(helper.make_node("Concat", [f"pa_{i}", f"pb_{i}"], [f"out_{i}"], axis=0))
+        inputs += [_cache(f"a_{i}", element, "a"), _cache(f"b_{i}", element, "b")]
+        outputs.append(_cache(f"out_{i}", element, "out"))
+        nodes.append(g.node("Pad", [f"a_{i}", "pad_a"], [f"pa_{i}"]))
+        nodes.append(g.node("Pad", [f"b_{i}", "pad_b"], [f"pb_{i}"]))
+        nodes.append(g.node("Concat", [f"pa_{i}", f"pb_{i}"], [f"out_{i}"], axis=0))
     return _model(nodes, [*inputs, *pads], outputs, "merge_rows")
 
 

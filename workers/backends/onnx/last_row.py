@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 import onnxruntime as ort
-from onnx import TensorProto, helper
 
+from workers.backends.onnx import graph_proto as g
 from workers.backends.onnx.session import open_helper_session
 
 _INPUT = "logits"
@@ -27,21 +27,21 @@ _IR_VERSION = 8
 def row_graph(logits_type: str) -> bytes:
     """The serialised graph: ``logits[1, S, V]`` -> ``row[1, V]`` (float32) for ``tensor(float|float16)``."""
     fp16 = logits_type == "tensor(float16)"
-    element = TensorProto.FLOAT16 if fp16 else TensorProto.FLOAT
+    element = g.FLOAT16 if fp16 else g.FLOAT
     gathered = "row16" if fp16 else _OUTPUT
-    nodes = [helper.make_node("Gather", [_INPUT, "last"], [gathered], axis=1)]
+    nodes = [g.node("Gather", [_INPUT, "last"], [gathered], axis=1)]
     if fp16:
         # Exact: every float16 is a float32. The sampler then sees one dtype.
-        nodes.append(helper.make_node("Cast", [gathered], [_OUTPUT], to=TensorProto.FLOAT))
-    graph = helper.make_graph(
+        nodes.append(g.node("Cast", [gathered], [_OUTPUT], to=g.FLOAT))
+    return g.model(
         nodes,
         "last_logits_row",
-        [helper.make_tensor_value_info(_INPUT, element, [1, "sequence", "vocabulary"])],
-        [helper.make_tensor_value_info(_OUTPUT, TensorProto.FLOAT, [1, "vocabulary"])],
-        initializer=[helper.make_tensor("last", TensorProto.INT64, [], [-1])],
+        [g.tensor_value(_INPUT, element, [1, "sequence", "vocabulary"])],
+        [g.tensor_value(_OUTPUT, g.FLOAT, [1, "vocabulary"])],
+        initializers=[g.int64_scalar("last", -1)],
+        opset=_OPSET,
+        ir_version=_IR_VERSION,
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", _OPSET)], ir_version=_IR_VERSION)
-    return model.SerializeToString()
 
 
 class LastRow:

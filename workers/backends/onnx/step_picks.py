@@ -25,8 +25,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import onnxruntime as ort
-from onnx import TensorProto, helper
 
+from workers.backends.onnx import graph_proto as g
 from workers.backends.onnx.session import open_helper_session
 
 _LOGITS = "logits"
@@ -45,44 +45,44 @@ def picks_graph(logits_type: str) -> bytes:
     highest scores of each row, ``top_values[R, k]`` and ``top_ids[R, k]``; and ``gathered[R, M]``, each
     row's scores at ``gather[R, M]`` (a penalised row's penalised ids)."""
     fp16 = logits_type == "tensor(float16)"
-    element = TensorProto.FLOAT16 if fp16 else TensorProto.FLOAT
+    element = g.FLOAT16 if fp16 else g.FLOAT
     last = "last16" if fp16 else "last"
-    nodes = [helper.make_node("Gather", [_LOGITS, "minus_one"], [last], axis=1)]
+    nodes = [g.node("Gather", [_LOGITS, "minus_one"], [last], axis=1)]
     if fp16:
-        nodes.append(helper.make_node("Cast", [last], ["last"], to=TensorProto.FLOAT))
+        nodes.append(g.node("Cast", [last], ["last"], to=g.FLOAT))
     nodes += [
-        helper.make_node("ArgMax", ["last"], ["best"], axis=1, keepdims=0, select_last_index=0),
-        helper.make_node("ReduceMax", ["last"], ["peak"], axes=[1], keepdims=0),
-        helper.make_node("IsNaN", ["last"], ["nan_each"]),
-        helper.make_node("Cast", ["nan_each"], ["nan_float"], to=TensorProto.FLOAT),
-        helper.make_node("ReduceMax", ["nan_float"], ["nan_any"], axes=[1], keepdims=0),
-        helper.make_node("Cast", ["nan_any"], ["nan"], to=TensorProto.BOOL),
-        helper.make_node("Gather", ["last", _FULL], ["rows"], axis=0),
-        helper.make_node("TopK", ["last", _K], ["top_values", "top_ids"], axis=1, largest=1, sorted=1),
-        helper.make_node("GatherElements", ["last", _GATHER], ["gathered"], axis=1),
+        g.node("ArgMax", ["last"], ["best"], axis=1, keepdims=0, select_last_index=0),
+        g.node("ReduceMax", ["last"], ["peak"], axes=[1], keepdims=0),
+        g.node("IsNaN", ["last"], ["nan_each"]),
+        g.node("Cast", ["nan_each"], ["nan_float"], to=g.FLOAT),
+        g.node("ReduceMax", ["nan_float"], ["nan_any"], axes=[1], keepdims=0),
+        g.node("Cast", ["nan_any"], ["nan"], to=g.BOOL),
+        g.node("Gather", ["last", _FULL], ["rows"], axis=0),
+        g.node("TopK", ["last", _K], ["top_values", "top_ids"], axis=1, largest=1, sorted=1),
+        g.node("GatherElements", ["last", _GATHER], ["gathered"], axis=1),
     ]
-    graph = helper.make_graph(
+    return g.model(
         nodes,
         "step_picks",
         [
-            helper.make_tensor_value_info(_LOGITS, element, ["rows", "sequence", "vocabulary"]),
-            helper.make_tensor_value_info(_FULL, TensorProto.INT64, ["full"]),
-            helper.make_tensor_value_info(_K, TensorProto.INT64, [1]),
-            helper.make_tensor_value_info(_GATHER, TensorProto.INT64, ["rows", "gathered"]),
+            g.tensor_value(_LOGITS, element, ["rows", "sequence", "vocabulary"]),
+            g.tensor_value(_FULL, g.INT64, ["full"]),
+            g.tensor_value(_K, g.INT64, [1]),
+            g.tensor_value(_GATHER, g.INT64, ["rows", "gathered"]),
         ],
         [
-            helper.make_tensor_value_info("best", TensorProto.INT64, ["rows"]),
-            helper.make_tensor_value_info("peak", TensorProto.FLOAT, ["rows"]),
-            helper.make_tensor_value_info("nan", TensorProto.BOOL, ["rows"]),
-            helper.make_tensor_value_info("rows", TensorProto.FLOAT, ["full", "vocabulary"]),
-            helper.make_tensor_value_info("top_values", TensorProto.FLOAT, ["rows", "k"]),
-            helper.make_tensor_value_info("top_ids", TensorProto.INT64, ["rows", "k"]),
-            helper.make_tensor_value_info("gathered", TensorProto.FLOAT, ["rows", "gathered"]),
+            g.tensor_value("best", g.INT64, ["rows"]),
+            g.tensor_value("peak", g.FLOAT, ["rows"]),
+            g.tensor_value("nan", g.BOOL, ["rows"]),
+            g.tensor_value("rows", g.FLOAT, ["full", "vocabulary"]),
+            g.tensor_value("top_values", g.FLOAT, ["rows", "k"]),
+            g.tensor_value("top_ids", g.INT64, ["rows", "k"]),
+            g.tensor_value("gathered", g.FLOAT, ["rows", "gathered"]),
         ],
-        initializer=[helper.make_tensor("minus_one", TensorProto.INT64, [], [-1])],
+        initializers=[g.int64_scalar("minus_one", -1)],
+        opset=_OPSET,
+        ir_version=_IR_VERSION,
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", _OPSET)], ir_version=_IR_VERSION)
-    return model.SerializeToString()
 
 
 @dataclass(frozen=True)
