@@ -8,6 +8,10 @@ from tasks_app.services.retention import retention_cleanup
 
 
 class Command(BaseCommand):
+    # Django's system checks (models, admin, URLs) import every view: half a second of a 1 s command on a slow
+    # machine. They check the code, not the installation: lmsp_prepare and `manage.py check` run them.
+    requires_system_checks: list[str] = []
+
     help = (
         "Delete events and finished tasks (with their responses) past LMSP_EVENT_RETENTION_SECONDS / "
         "LMSP_TASK_RETENTION_SECONDS, and expired idempotency keys and pairing codes. "

@@ -10,6 +10,10 @@ from tasks_app.services.clients import client_create, client_revoke
 
 
 class Command(BaseCommand):
+    # Django's system checks (models, admin, URLs) import every view: half a second of a 1 s command on a slow
+    # machine. They check the code, not the installation: lmsp_prepare and `manage.py check` run them.
+    requires_system_checks: list[str] = []
+
     help = "Create, list or revoke API clients. `create` prints only the token on stdout."
 
     def add_arguments(self, parser: CommandParser) -> None:

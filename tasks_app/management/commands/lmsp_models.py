@@ -11,6 +11,10 @@ from tasks_app.registry.scan import model_scan
 
 
 class Command(BaseCommand):
+    # Django's system checks (models, admin, URLs) import every view: half a second of a 1 s command on a slow
+    # machine. They check the code, not the installation: lmsp_prepare and `manage.py check` run them.
+    requires_system_checks: list[str] = []
+
     help = (
         "Register the model folders under LMSP_MODELS_DIR (scan), show the table (list), "
         "or download one model of a Hugging Face repository and register it (pull)."

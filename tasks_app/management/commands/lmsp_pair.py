@@ -9,6 +9,10 @@ from tasks_app.services.clients import pairing_code_create
 
 
 class Command(BaseCommand):
+    # Django's system checks (models, admin, URLs) import every view: half a second of a 1 s command on a slow
+    # machine. They check the code, not the installation: lmsp_prepare and `manage.py check` run them.
+    requires_system_checks: list[str] = []
+
     help = "Print a one-time code that POST /lmsp/v1/pair trades for a token."
 
     def add_arguments(self, parser: CommandParser) -> None:

@@ -10,6 +10,10 @@ from tasks_app.services.recovery import RecoverySummary, leftover_tasks_recover,
 
 
 class Command(BaseCommand):
+    # Django's system checks (models, admin, URLs) import every view: half a second of a 1 s command on a slow
+    # machine. They check the code, not the installation: lmsp_prepare and `manage.py check` run them.
+    requires_system_checks: list[str] = []
+
     help = (
         "Move every unfinished task that no live worker holds as its on_restart policy says "
         "(fail, retry, resume), a page of tasks per transaction, each with its event. Run it before workers start; "

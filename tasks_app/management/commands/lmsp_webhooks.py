@@ -17,6 +17,10 @@ logger = logging.getLogger("tasks_app.webhooks")
 
 
 class Command(BaseCommand):
+    # Django's system checks (models, admin, URLs) import every view: half a second of a 1 s command on a slow
+    # machine. They check the code, not the installation: lmsp_prepare and `manage.py check` run them.
+    requires_system_checks: list[str] = []
+
     help = (
         "Deliver the webhook outbox: POST each due delivery, signed, to its endpoint, retrying with backoff "
         "until LMSP_WEBHOOK_MAX_AGE_SECONDS. Runs until SIGTERM or Ctrl-C; several may run, on several hosts."
