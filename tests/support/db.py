@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import signal
 import sqlite3
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -183,3 +185,47 @@ def wait_for_sessions_to_end(backends: set[int], timeout: float = 60) -> None:
             raw.close()
 
     wait_until(ended, what=f"the server kept the killed process's sessions {sorted(backends)}", timeout=timeout)
+
+
+@contextmanager
+def frozen_between_transactions(pid: int, timeout: float = 30) -> Iterator[None]:
+    """Process ``pid`` stopped (SIGSTOP) at a moment none of its connections is inside a transaction, so that
+    nothing it holds blocks anyone while it stands still; continued (SIGCONT) at the end."""
+    deadline = time.monotonic() + timeout
+    while True:
+        os.kill(pid, signal.SIGSTOP)
+        if not _inside_a_transaction(pid):
+            break
+        os.kill(pid, signal.SIGCONT)
+        if time.monotonic() > deadline:
+            raise AssertionError(f"process {pid} was inside a transaction at every try for {timeout:g} s")
+        time.sleep(0.05)
+    try:
+        yield
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
+def _inside_a_transaction(pid: int) -> bool:
+    raw = raw_connection()
+    try:
+        if connection.vendor == "sqlite":
+            # One write lock for the file: if it is taken, the stopped process may hold it (or another writer
+            # did just then; the caller tries again).
+            raw.isolation_level = None
+            raw.execute("PRAGMA busy_timeout = 0")
+            try:
+                raw.execute("BEGIN IMMEDIATE")
+            except sqlite3.OperationalError:
+                return True
+            raw.execute("ROLLBACK")
+            return False
+        ports = _server_connection_ports([pid])
+        if not ports:
+            return False
+        held = raw.execute(
+            "SELECT 1 FROM pg_stat_activity WHERE client_port = ANY(%s) AND state <> 'idle'", (sorted(ports),)
+        )
+        return held.fetchone() is not None
+    finally:
+        raw.close()
