@@ -6,7 +6,6 @@ import itertools
 import os
 import socket
 import subprocess
-import sys
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -14,6 +13,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.support.preloaded import python_module
 from tests.support.waiting import poll_interval
 
 REPO = Path(__file__).resolve().parents[2]
@@ -95,11 +95,11 @@ def uvicorn_process(
     port = free_port()
     log = log_path.open("ab") if log_path is not None else None
     env = {**os.environ, "DATABASE_URL": database_url, **(extra_env or {})}
-    proc = subprocess.Popen(
+    # Forked from the test process's starter, which has imported uvicorn, Django and the rest once
+    # (tests/support/preloaded.py): the same command line, without the interpreter's start.
+    proc = python_module(
+        "uvicorn",
         [
-            sys.executable,
-            "-m",
-            "uvicorn",
             "lmsp_project.asgi:application",
             "--host",
             "127.0.0.1",
