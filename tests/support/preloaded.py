@@ -132,7 +132,7 @@ def _serve(sock: socket.socket) -> Start:
             return start
         for fd in fds:
             os.close(fd)
-        sock.sendall(pickle.dumps(("started", pid)))
+        _tell(sock, ("started", pid))
 
 
 def _reap(sock: socket.socket) -> None:
@@ -143,7 +143,14 @@ def _reap(sock: socket.socket) -> None:
             return
         if pid == 0:
             return
-        sock.sendall(pickle.dumps(("exited", pid, os.waitstatus_to_exitcode(status))))
+        _tell(sock, ("exited", pid, os.waitstatus_to_exitcode(status)))
+
+
+def _tell(sock: socket.socket, message: tuple[Any, ...]) -> None:
+    try:
+        sock.sendall(pickle.dumps(message))
+    except OSError:  # the test process is gone (it ended, or was killed): nobody is left to tell
+        sys.exit(0)
 
 
 def _become(start: Start, fds: list[int], sock: socket.socket) -> None:
